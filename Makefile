@@ -1,0 +1,25 @@
+# The two commands of the README: `make run` (the main job) and `make test`.
+# Both create .venv on first use; nothing else needs installing by hand.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+.PHONY: setup run test lint
+setup: $(VENV)/.installed
+
+run: setup
+	$(VENV)/bin/libra rollout examples/cpu-rollout.toml
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy

@@ -1,0 +1,1 @@
+"""Built-in environments, installed as `libra.envs` (ids in `libra.registry`)."""

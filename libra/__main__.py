@@ -1,0 +1,3 @@
+from libra.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""`libra` command line. Each command lives in its own module under `libra.cli` and
+exposes `add_parser(subparsers)` and `run(args) -> int`; modules import heavy
+dependencies inside `run`, so `libra --help` stays fast.
+
+Bad input exits 2 with one line `libra: error: ...` naming the problem and the fix,
+never a traceback. `--json` prints one JSON document on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from libra.errors import LibraError
+
+# name -> module. Add a line when a command lands (and only then: no stubs).
+COMMANDS: dict[str, str] = {
+    "envs": "libra.cli.registry_cmds",
+    "tools": "libra.cli.registry_cmds",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's default prints the whole usage block; keep it to one line + hint.
+        self.exit(2, f"libra: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="libra",
+        description="Libra: adaptive runtime for agentic RL post-training.",
+    )
+    from libra import __version__
+
+    parser.add_argument("--version", action="version", version=f"libra {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = module.add_parser(sub, name)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except LibraError as e:
+        print(f"libra: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("libra: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["COMMANDS", "build_parser", "main"]

@@ -1,0 +1,88 @@
+"""Typed configs: pydantic v2 models loaded from TOML, overridden by flags.
+
+Every component owns a small `Config` subclass whose field docstrings are its
+documentation. Unknown keys are errors; a bad value fails at load time with the
+field's path and the file in the message, e.g.
+
+    examples/cpu.toml: rollout.concurrency: Input should be greater than 0 (got -1)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from libra.errors import ConfigError
+
+C = TypeVar("C", bound="Config")
+
+
+class Config(BaseModel):
+    """Base of every config: strict keys, field docstrings become descriptions."""
+
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
+
+
+def format_validation_error(err: ValidationError, source: str = "") -> str:
+    """One line per problem: `source: a.b.c: message (got value)`; joined with '; '."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (remove it or check the spelling)"
+        got = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+        parts.append(f"{loc}: {msg}{shown}")
+    prefix = f"{source}: " if source else ""
+    return prefix + "; ".join(parts)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file")
+    try:
+        with open(p, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c = value` inside nested dicts, creating levels as needed."""
+    *parents, leaf = dotted.split(".")
+    cur = data
+    for key in parents:
+        nxt = cur.setdefault(key, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"cannot set {dotted!r}: {key!r} is not a table")
+        cur = nxt
+    cur[leaf] = value
+
+
+def build(cls: type[C], data: dict[str, Any], source: str = "") -> C:
+    """Validate `data` into `cls`, turning a ValidationError into one ConfigError line."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def load(
+    cls: type[C], path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> C:
+    """Load `cls` from a TOML file (optional), then apply dotted-key overrides from flags."""
+    data: dict[str, Any] = read_toml(path) if path is not None else {}
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            set_dotted(data, key, value)
+    return build(cls, data, str(path) if path is not None else "")
+
+
+__all__ = ["Config", "build", "format_validation_error", "load", "read_toml", "set_dotted"]

@@ -1,0 +1,84 @@
+"""`libra.Env`: the base class of a tool environment.
+
+The smallest complete environment (DESIGN.md):
+
+    class Adder(libra.Env):
+        tools = [add]
+        max_turns = 4
+        def prompt(self, task): return [{"role": "user", "content": task["question"]}]
+        async def reward(self, task, trajectory): return float(trajectory.answer == task["answer"])
+
+One Env instance serves a whole run (constructed with the config's `env.options` as
+keyword arguments); per-episode resources live on the `libra.Context` that `setup`
+receives and that tools asking for it get. `reward` may take a third parameter, the
+context, when it needs them (e.g. to run tests in the episode's sandbox).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from libra.tooling import Context, Tool
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class Env:
+    """Subclass and set `tools`, `max_turns`; implement `prompt` and `reward`."""
+
+    tools: ClassVar[Sequence[Tool]] = ()
+    """Tools the model may call (built with `@libra.tool`)."""
+    max_turns: ClassVar[int] = 8
+    """Model turns per episode before it ends `truncated`."""
+    tasks_file: ClassVar[str | None] = None
+    """A small task file shipped with the env (used when `--tasks` is not given),
+    relative to the module defining the env."""
+
+    def __init__(self, **options: Any):
+        self.options = options
+
+    # --- what a user implements -------------------------------------------------
+    def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        """Chat messages that open the episode."""
+        raise NotImplementedError(f"{type(self).__name__}.prompt(task) is not implemented")
+
+    async def reward(self, task: dict[str, Any], trajectory: Any) -> Any:
+        """Score a finished trajectory: a float, `(float, info_dict)`, or
+        `{"reward": float, ...info}`. Default: 0."""
+        return 0.0
+
+    # --- optional hooks -----------------------------------------------------------
+    async def setup(self, ctx: Context) -> None:
+        """Acquire per-episode resources (e.g. `ctx.sandbox = await ...`)."""
+
+    async def teardown(self, ctx: Context) -> None:
+        """Release what `setup` acquired; runs even when the episode failed."""
+
+    def tools_for(self, task: dict[str, Any]) -> Sequence[Tool]:
+        """Tools offered for this task (default: `tools`)."""
+        return self.tools
+
+    def parse_answer(self, text: str) -> str | None:
+        """The final answer in a model turn's text, or None (default: last `<answer>`)."""
+        found = ANSWER_RE.findall(text)
+        return found[-1].strip() if found else None
+
+    @classmethod
+    def default_tasks(cls) -> Path | None:
+        if cls.tasks_file is None:
+            return None
+        module = inspect.getmodule(cls)
+        base = Path(module.__file__).parent if module and module.__file__ else Path.cwd()
+        return base / cls.tasks_file
+
+
+def reward_wants_context(env: Env) -> bool:
+    params = inspect.signature(env.reward).parameters
+    return len(params) >= 3
+
+
+__all__ = ["ANSWER_RE", "Env", "reward_wants_context"]

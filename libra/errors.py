@@ -1,0 +1,73 @@
+"""Libra's exception hierarchy: one type per boundary.
+
+    LibraError                 anything Libra raises on purpose
+    ├── ConfigError            a config file, flag or argument is wrong (CLI: one line, exit 2)
+    ├── RegistryError          an env / tool / sandbox id or path does not resolve
+    ├── ModelError             a model folder is missing a piece (tokenizer, template, config)
+    ├── EndpointError          an inference endpoint failed after retries, or none is healthy
+    │   └── EndpointDown       the endpoint is unreachable; its turn may go to a sibling
+    ├── EnvError               an environment's own code failed (prompt, setup, reward)
+    ├── ToolError              a tool failed; the episode records it as a tool `error`
+    └── SandboxError           a sandbox backend could not create / run / clean up
+
+Rule (prime-rl / verifiers): *a bad rollout is data, not a crash*. Inside an episode these
+exceptions are caught by the episode engine and become the trajectory's `status` and
+`error`; the batch goes on. At the edge (config, CLI, startup) they are printed as one
+line naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+
+class LibraError(Exception):
+    """Base class of every error Libra raises deliberately."""
+
+
+class ConfigError(LibraError):
+    """Bad configuration, flag or argument; the message names the field and the fix."""
+
+
+class RegistryError(LibraError):
+    """An id or `module:object` path that does not resolve; lists what is known."""
+
+
+class ModelError(LibraError):
+    """A model folder that lacks what Libra needs (tokenizer, chat template, config)."""
+
+
+class EndpointError(LibraError):
+    """An inference endpoint returned an error that retries did not cure."""
+
+    def __init__(self, message: str, *, status: int | None = None, url: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.url = url
+
+
+class EndpointDown(EndpointError):
+    """The endpoint cannot be reached (connection refused / reset, health check failed)."""
+
+
+class EnvError(LibraError):
+    """An environment's own code raised (prompt, setup, reward)."""
+
+
+class ToolError(LibraError):
+    """A tool reported failure; recorded as a tool return with status `error`."""
+
+
+class SandboxError(LibraError):
+    """A sandbox backend failed to create, run in, or clean up a sandbox."""
+
+
+__all__ = [
+    "ConfigError",
+    "EndpointDown",
+    "EndpointError",
+    "EnvError",
+    "LibraError",
+    "ModelError",
+    "RegistryError",
+    "SandboxError",
+    "ToolError",
+]

@@ -1,0 +1,217 @@
+"""`libra.tool`: an (async or sync) function becomes a tool the model may call.
+
+The JSON schema comes from the type hints and the docstring: the first paragraph is the
+description, an `Args:` section (Google style) documents the parameters. A parameter
+annotated `libra.Context` receives the episode's context (its sandbox, task and scratch
+state) and is left out of the schema.
+
+A tool reports failure by raising or by returning `ToolResult(content, status="error")`.
+It runs under its own timeout (`@libra.tool(timeout=...)`); a sync tool runs in a worker
+thread, which Python cannot kill: on timeout the episode moves on and the thread finishes
+in the background, so sync tools that may hang should enforce their own limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_type_hints, overload
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from libra.errors import ToolError
+
+DEFAULT_TOOL_TIMEOUT_S = 60.0
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """What a tool returns to the model."""
+
+    content: str
+    """Text appended to the conversation as the tool message."""
+    status: Literal["ok", "error", "timeout"] = "ok"
+    """`error` marks a failed call (C-MLFQ keys on it); `timeout` is set by Libra."""
+    info: dict[str, Any] | None = None
+    """Extra data for the env (not shown to the model), e.g. exit code, payload sizes."""
+
+
+@dataclass(slots=True)
+class Context:
+    """Per-episode context handed to tools that ask for it and to env hooks."""
+
+    episode_id: str
+    task: dict[str, Any]
+    env: Any = None
+    """The Env instance running the episode."""
+    sandbox: Any = None
+    """The episode's sandbox, when the env created one in `setup`."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """Scratch space shared by the env's hooks and tools during one episode."""
+
+
+class Tool:
+    """A callable tool with an OpenAI function schema."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float = DEFAULT_TOOL_TIMEOUT_S,
+    ):
+        if timeout <= 0:
+            raise ValueError(f"tool timeout must be > 0 s, got {timeout}")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.timeout = timeout
+        self.is_async = inspect.iscoroutinefunction(fn)
+        doc_desc, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        self.description = description or doc_desc or self.name
+        self._ctx_param: str | None = None
+        self._args_model = self._build_args_model(arg_docs)
+        schema = self._args_model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        self.parameters: dict[str, Any] = schema
+
+    def _build_args_model(self, arg_docs: dict[str, str]) -> type[BaseModel]:
+        hints = get_type_hints(self.fn)
+        fields: dict[str, Any] = {}
+        for pname, param in inspect.signature(self.fn).parameters.items():
+            ann = hints.get(pname, Any)
+            if ann is Context:
+                self._ctx_param = pname
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"tool {self.name!r}: *args/**kwargs are not allowed")
+            from pydantic import Field
+
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[pname] = (ann, Field(default, description=arg_docs.get(pname)))
+        model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+            f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        return model
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """OpenAI `tools=[...]` entry."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (handy in tests)."""
+        return self.fn(*args, **kwargs)
+
+    async def invoke(self, arguments: dict[str, Any], ctx: Context | None = None) -> ToolResult:
+        """Validate arguments, run under the tool's timeout, never raise (but cancellation)."""
+        try:
+            parsed = self._args_model.model_validate(arguments)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in e.errors()
+            )
+            return ToolResult(f"Error: invalid arguments for {self.name}: {problems}", "error")
+        kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
+        if self._ctx_param is not None:
+            kwargs[self._ctx_param] = ctx
+        try:
+            async with asyncio.timeout(self.timeout):
+                if self.is_async:
+                    out = await self.fn(**kwargs)
+                else:
+                    out = await asyncio.to_thread(self.fn, **kwargs)
+        except TimeoutError:
+            return ToolResult(f"Error: {self.name} timed out after {self.timeout:g} s", "timeout")
+        except ToolError as e:
+            return ToolResult(f"Error: {e}", "error")
+        except Exception as e:
+            return ToolResult(f"Error: {type(e).__name__}: {e}", "error")
+        return as_result(out)
+
+    def __repr__(self) -> str:
+        return f"<libra.Tool {self.name}>"
+
+
+def as_result(out: Any) -> ToolResult:
+    if isinstance(out, ToolResult):
+        return out
+    if out is None:
+        return ToolResult("")
+    if isinstance(out, str):
+        return ToolResult(out)
+    return ToolResult(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS).decode())
+
+
+@overload
+def tool(fn: Callable[..., Awaitable[Any]] | Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, timeout: float = ...
+) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float = DEFAULT_TOOL_TIMEOUT_S,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Decorator: `@libra.tool` or `@libra.tool(timeout=10, name="calc")`."""
+    if fn is not None:
+        return Tool(fn)
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(f, name=name, description=description, timeout=timeout)
+
+    return wrap
+
+
+_ARG_LINE = re.compile(r"^\s{0,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """First paragraph -> description; `Args:` section -> {param: description}."""
+    if not doc:
+        return "", {}
+    lines = doc.splitlines()
+    desc_lines: list[str] = []
+    for line in lines:
+        if not line.strip() or line.strip().rstrip(":").lower() in ("args", "arguments"):
+            break
+        desc_lines.append(line.strip())
+    args: dict[str, str] = {}
+    in_args, current = False, None
+    for line in lines:
+        stripped = line.strip()
+        if stripped.rstrip(":").lower() in ("args", "arguments", "parameters") and stripped.endswith(":"):
+            in_args = True
+            continue
+        if in_args:
+            if stripped.endswith(":") and not line.startswith((" ", "\t")):
+                break  # next section (Returns:, Raises:)
+            m = _ARG_LINE.match(line)
+            if m and line.startswith((" ", "\t")) and len(line) - len(line.lstrip()) <= 8:
+                current = m.group(1)
+                args[current] = m.group(2).strip()
+            elif current and stripped:
+                args[current] += " " + stripped
+    return " ".join(desc_lines), args
+
+
+__all__ = ["DEFAULT_TOOL_TIMEOUT_S", "Context", "Tool", "ToolResult", "as_result", "tool"]

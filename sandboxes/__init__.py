@@ -1,0 +1,1 @@
+"""Sandbox backends and image recipes, installed as `libra.sandboxes`."""
