@@ -19,6 +19,7 @@ from libra.errors import LibraError
 COMMANDS: dict[str, str] = {
     "envs": "libra.cli.registry_cmds",
     "tools": "libra.cli.registry_cmds",
+    "bench": "libra.cli.bench",
 }
 
 
