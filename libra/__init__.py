@@ -14,4 +14,13 @@ from libra.tooling import Context, Tool, ToolResult, tool
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "Env", "LibraError", "Tool", "ToolResult", "Trajectory", "__version__", "tool"]
+__all__ = [
+    "Context",
+    "Env",
+    "LibraError",
+    "Tool",
+    "ToolResult",
+    "Trajectory",
+    "__version__",
+    "tool",
+]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints, overload
@@ -199,7 +198,11 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     in_args, current = False, None
     for line in lines:
         stripped = line.strip()
-        if stripped.rstrip(":").lower() in ("args", "arguments", "parameters") and stripped.endswith(":"):
+        if stripped.rstrip(":").lower() in (
+            "args",
+            "arguments",
+            "parameters",
+        ) and stripped.endswith(":"):
             in_args = True
             continue
         if in_args:

@@ -12,9 +12,7 @@ from libra.errors import ConfigError
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--json", action="store_true", help="print one JSON document on stdout"
-    )
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
 def print_json(doc: Any) -> None:

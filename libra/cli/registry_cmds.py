@@ -9,7 +9,11 @@ from libra.cli.common import add_json_flag, print_json
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     what = {"envs": "environments", "tools": "tools"}[name]
-    p = sub.add_parser(name, help=f"list registered {what}", description=f"List registered {what} (built-ins and entry points).")
+    p = sub.add_parser(
+        name,
+        help=f"list registered {what}",
+        description=f"List registered {what} (built-ins and entry points).",
+    )
     add_json_flag(p)
     return p
 

@@ -1,0 +1,224 @@
+"""Tokenizer + chat template of a model folder, without transformers or torch.
+
+`ChatTokenizer` renders the opening messages once and, after a tool call, renders only
+the *delta*: the tool message(s) plus the generation prompt, exactly as the model's chat
+template would write them after an assistant turn. The history is never re-rendered
+(templates such as Qwen3's rewrite earlier turns, which would break the token prefix).
+
+The delta is computed against a fixed placeholder conversation:
+
+    base  = render([user, assistant(SENTINEL)])            -> ...SENTINEL<|im_end|>\n
+    full  = render([user, assistant(SENTINEL), *tool_msgs],
+                   add_generation_prompt=True)             -> base + <|im_start|>user...
+    tail  = base after SENTINEL                            -> <|im_end|>\n
+    delta = tail + full[len(base):]
+
+When the model's own turn ended with the end-of-turn token (`<|im_end|>`), that token is
+already in the context and is cut from the front of `tail`.
+
+The Jinja environment mirrors transformers' (`tojson` without HTML escaping,
+`raise_exception`, `strftime_now`, trim_blocks / lstrip_blocks, loop controls).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from libra.errors import ModelError
+
+_SENTINEL = "\u2063LIBRA-ASSISTANT-SENTINEL\u2063"
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}` renders its body (HF assistant masks)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return str(caller())
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: Any = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class ChatTokenizer:
+    """A model folder's tokenizer and chat template."""
+
+    def __init__(self, model_dir: str | Path):
+        self.model_dir = Path(model_dir)
+        if not self.model_dir.is_dir():
+            raise ModelError(
+                f"model folder {str(self.model_dir)!r} does not exist; "
+                "pass a folder with config.json and tokenizer files (or run `libra make-model DIR`)"
+            )
+        tok_file = self.model_dir / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ModelError(
+                f"model folder {str(self.model_dir)!r} has no tokenizer.json; "
+                "Libra needs a fast (tokenizers) tokenizer file there"
+            )
+        self.tokenizer = Tokenizer.from_file(str(tok_file))
+        cfg_file = self.model_dir / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        self.chat_template = self._find_template()
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(self.chat_template)
+        except jinja2.TemplateError as e:
+            raise ModelError(f"{self.model_dir}: the chat template does not compile: {e}") from None
+        self.special_tokens = {
+            key: text
+            for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if (text := _token_text(self.config.get(key))) is not None
+        }
+        self.eos_token = self.special_tokens.get("eos_token")
+        self.eos_token_ids = self._eos_ids()
+        self._tail_cache: dict[str, str] = {}
+
+    def _find_template(self) -> str:
+        jinja_file = self.model_dir / "chat_template.jinja"
+        if jinja_file.is_file():
+            return jinja_file.read_text()
+        tmpl = self.config.get("chat_template")
+        if isinstance(tmpl, list):  # named templates: take "default"
+            named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+            tmpl = named.get("default") or next(iter(named.values()), None)
+        if not isinstance(tmpl, str) or not tmpl:
+            raise ModelError(
+                f"model folder {str(self.model_dir)!r} has no chat template "
+                "(chat_template.jinja or tokenizer_config.json['chat_template'])"
+            )
+        return tmpl
+
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        gen = self.model_dir / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids += eos if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
+        if self.eos_token is not None:
+            tid = self.tokenizer.token_to_id(self.eos_token)
+            if tid is not None and tid not in ids:
+                ids.append(tid)
+        if not ids:
+            raise ModelError(
+                f"{self.model_dir}: no eos token in tokenizer_config.json or generation_config.json"
+            )
+        return ids
+
+    # --- rendering ---------------------------------------------------------------
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        try:
+            return self._template.render(
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+            )
+        except jinja2.TemplateError as e:
+            raise ModelError(f"{self.model_dir}: chat template failed: {e}") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of `text` when it is a single token of the vocabulary, else None."""
+        tid = self.tokenizer.token_to_id(text)
+        if tid is not None:
+            return tid
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 else None
+
+    def prompt_ids(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The opening prompt: messages rendered once, with the generation prompt."""
+        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def _turn_tail(self, tools: Sequence[dict[str, Any]] | None) -> tuple[str, str]:
+        base_msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+        base = self.render(base_msgs, tools, add_generation_prompt=False)
+        at = base.rfind(_SENTINEL)
+        if at < 0:
+            raise ModelError(f"{self.model_dir}: chat template drops assistant content")
+        return base, base[at + len(_SENTINEL) :]
+
+    def delta_text(
+        self,
+        new_messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        model_closed_turn: bool = True,
+    ) -> str:
+        """Text to append after an assistant turn: its closing, `new_messages` (tool or
+        user messages), and the generation prompt. `model_closed_turn`: the model's last
+        token was the end-of-turn token (so it is not repeated)."""
+        base_msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+        base, tail = self._turn_tail(tools)
+        full = self.render([*base_msgs, *new_messages], tools, add_generation_prompt=True)
+        if not full.startswith(base):
+            raise ModelError(
+                f"{self.model_dir}: chat template re-renders the assistant turn when "
+                "tool messages follow; cannot append a delta"
+            )
+        if model_closed_turn and self.eos_token and tail.startswith(self.eos_token):
+            tail = tail[len(self.eos_token) :]
+        return tail + full[len(base) :]
+
+    def delta_ids(
+        self,
+        new_messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        model_closed_turn: bool = True,
+    ) -> list[int]:
+        return self.encode(self.delta_text(new_messages, tools, model_closed_turn))
+
+
+__all__ = ["ChatTokenizer"]
