@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "envs": "libra.cli.registry_cmds",
     "tools": "libra.cli.registry_cmds",
     "bench": "libra.cli.bench",
+    "make-model": "libra.cli.make_model",
 }
 
 
