@@ -34,6 +34,8 @@ class Env:
     """Tools the model may call (built with `@libra.tool`)."""
     max_turns: ClassVar[int] = 8
     """Model turns per episode before it ends `truncated`."""
+    stop: ClassVar[tuple[str, ...]] = ("</answer>",)
+    """Strings that end a model turn besides the end-of-turn token (the answer's close)."""
     tasks_file: ClassVar[str | None] = None
     """A small task file shipped with the env (used when `--tasks` is not given),
     relative to the module defining the env."""

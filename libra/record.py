@@ -164,3 +164,9 @@ __all__ = [
     "json_schema",
     "read_jsonl",
 ]
+
+
+if __name__ == "__main__":  # regenerate the checked-in schema
+    import json as _json
+
+    print(_json.dumps(json_schema(), indent=2))

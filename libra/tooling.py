@@ -95,7 +95,7 @@ class Tool:
 
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[pname] = (ann, Field(default, description=arg_docs.get(pname)))
-        model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+        model: type[BaseModel] = create_model(
             f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields
         )
         return model

@@ -17,6 +17,7 @@ from libra.errors import LibraError
 
 # name -> module. Add a line when a command lands (and only then: no stubs).
 COMMANDS: dict[str, str] = {
+    "rollout": "libra.cli.rollout",
     "envs": "libra.cli.registry_cmds",
     "tools": "libra.cli.registry_cmds",
     "bench": "libra.cli.bench",

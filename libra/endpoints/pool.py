@@ -1,0 +1,326 @@
+"""Buckets of OpenAI-compatible endpoints: least-loaded choice, health, failover.
+
+One aiohttp session per process (keep-alive). Each endpoint has an in-flight limit;
+calls beyond it wait in Libra (backpressure instead of a flooded server). A call that
+fails with a connection error marks its endpoint down and is retried at once on a
+sibling in the same bucket; 429 / 5xx / timeouts are retried with capped, fully jittered
+exponential backoff. A background probe (`GET /health`) brings endpoints back.
+The pool owns that probe task: `async with EndpointPool(...)` starts and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from libra.endpoints.client import Completion, RetriableError, completion_body, post_completion
+from libra.endpoints.config import EndpointConfig
+from libra.errors import EndpointDown, EndpointError
+from libra.routing.base import Bucket
+
+log = logging.getLogger("libra.endpoints")
+
+
+class BucketDown(EndpointDown):
+    """No endpoint of the bucket came back within `down_wait_s`."""
+
+    def __init__(self, bucket: str, message: str):
+        super().__init__(message)
+        self.bucket = bucket
+
+
+@dataclass(eq=False, slots=True)
+class Endpoint:
+    url: str
+    bucket: str
+    max_inflight: int
+    inflight: int = 0
+    healthy: bool = True
+    version: int = 0
+    """Weights version loaded on this endpoint (stamped on every turn it serves)."""
+    model: str | None = None
+    """Served model name from `/v1/models` (vLLM answers 404 to any other name)."""
+    served: int = 0
+    failures: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _BucketState:
+    spec: Bucket
+    endpoints: list[Endpoint]
+    cond: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+@dataclass(slots=True)
+class Served:
+    completion: Completion
+    endpoint: Endpoint
+    version: int
+    queued_s: float
+    generate_s: float
+    attempts: int
+
+
+class EndpointPool:
+    def __init__(
+        self,
+        buckets: Sequence[tuple[Bucket, Sequence[str]]],
+        config: EndpointConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ):
+        self.config = config or EndpointConfig()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._buckets: dict[str, _BucketState] = {}
+        for spec, urls in buckets:
+            eps = [Endpoint(u.rstrip("/"), spec.name, self.config.max_inflight) for u in urls]
+            self._buckets[spec.name] = _BucketState(spec, eps)
+        self._session: aiohttp.ClientSession | None = None
+        self._probe: asyncio.Task[None] | None = None
+        cfg = self.config
+        self._headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+    # --- lifecycle ------------------------------------------------------------------
+    async def __aenter__(self) -> EndpointPool:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=None)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            json_serialize=_dumps,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s),
+        )
+        try:
+            await self._check_all()
+        except BaseException:
+            await self._session.close()
+            raise
+        self._probe = asyncio.create_task(self._probe_loop(), name="libra-endpoint-probe")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            try:
+                await self._probe
+            except asyncio.CancelledError:
+                pass
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("EndpointPool used outside `async with`")
+        return self._session
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        return sorted((b.spec for b in self._buckets.values()), key=lambda b: b.bound)
+
+    def endpoints(self, bucket: str | None = None) -> list[Endpoint]:
+        states = [self._buckets[bucket]] if bucket else list(self._buckets.values())
+        return [e for s in states for e in s.endpoints]
+
+    def has_healthy(self, bucket: str) -> bool:
+        return any(e.healthy for e in self._buckets[bucket].endpoints)
+
+    def set_version(self, version: int, urls: Sequence[str] | None = None) -> None:
+        """Record that `version` weights are loaded on `urls` (default: all endpoints)."""
+        wanted = {u.rstrip("/") for u in urls} if urls is not None else None
+        for e in self.endpoints():
+            if wanted is None or e.url in wanted:
+                e.version = version
+
+    # --- health ---------------------------------------------------------------------
+    async def _probe_one(self, ep: Endpoint) -> str | None:
+        """None when healthy, else the reason."""
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.config.connect_timeout_s))
+        try:
+            async with self.session.get(
+                f"{ep.url}/v1/models", headers=self._headers, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    return f"GET /v1/models answered HTTP {resp.status}"
+                doc = orjson.loads(await resp.read())
+            models = doc.get("data") or []
+            if models and ep.model is None:
+                ep.model = models[0].get("id")
+        except aiohttp.ClientConnectorError as e:
+            return f"cannot connect: {e.os_error.strerror or e.os_error}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        except (orjson.JSONDecodeError, AttributeError):
+            return "GET /v1/models did not return an OpenAI model list"
+        return None
+
+    async def _check_all(self) -> None:
+        eps = self.endpoints()
+        reasons = await asyncio.gather(*(self._probe_one(e) for e in eps))
+        for ep, why in zip(eps, reasons, strict=True):
+            ep.healthy = why is None
+        for name, state in self._buckets.items():
+            if not state.endpoints:
+                raise EndpointError(f"bucket {name!r} has no endpoints; add --endpoint {name}=URL")
+            if not any(e.healthy for e in state.endpoints):
+                detail = "; ".join(
+                    f"{e.url} ({why})"
+                    for e, why in zip(eps, reasons, strict=True)
+                    if e.bucket == name
+                )
+                raise EndpointDown(
+                    f"no endpoint of bucket {name!r} answers: {detail}; start a server "
+                    "(e.g. `libra serve-engine`) or fix --endpoint"
+                )
+        for ep, why in zip(eps, reasons, strict=True):
+            if why is not None:
+                log.warning("endpoint %s is down at start: %s", ep.url, why)
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            down = [e for e in self.endpoints() if not e.healthy]
+            if not down:
+                continue
+            reasons = await asyncio.gather(*(self._probe_one(e) for e in down))
+            for ep, why in zip(down, reasons, strict=True):
+                if why is None:
+                    log.warning("endpoint %s is back", ep.url)
+                    await self._set_health(ep, True)
+
+    async def _set_health(self, ep: Endpoint, healthy: bool) -> None:
+        state = self._buckets[ep.bucket]
+        async with state.cond:
+            ep.healthy = healthy
+            state.cond.notify_all()
+
+    async def mark_down(self, ep: Endpoint, why: str) -> None:
+        if ep.healthy:
+            log.warning("endpoint %s marked down: %s", ep.url, why)
+        ep.failures += 1
+        await self._set_health(ep, False)
+
+    # --- calls ----------------------------------------------------------------------
+    async def _acquire(self, bucket: str) -> Endpoint:
+        state = self._buckets[bucket]
+        deadline: float | None = None
+        async with state.cond:
+            while True:
+                best: Endpoint | None = None
+                for e in state.endpoints:
+                    if (
+                        e.healthy
+                        and e.inflight < e.max_inflight
+                        and (best is None or e.inflight < best.inflight)
+                    ):
+                        best = e
+                if best is not None:
+                    best.inflight += 1
+                    return best
+                if any(e.healthy for e in state.endpoints):
+                    await state.cond.wait()
+                    continue
+                now = self.clock()
+                deadline = now + self.config.down_wait_s if deadline is None else deadline
+                if now >= deadline:
+                    raise BucketDown(
+                        bucket,
+                        f"no healthy endpoint in bucket {bucket!r} "
+                        f"for {self.config.down_wait_s:g} s",
+                    )
+                try:
+                    async with asyncio.timeout(deadline - now):
+                        await state.cond.wait()
+                except TimeoutError:
+                    pass
+
+    async def _release(self, ep: Endpoint) -> None:
+        state = self._buckets[ep.bucket]
+        async with state.cond:
+            ep.inflight -= 1
+            state.cond.notify()
+
+    def _backoff(self, attempt: int) -> float:
+        cap = min(self.config.backoff_max_s, self.config.backoff_s * 2 ** (attempt - 1))
+        return self.rng.uniform(0, cap)
+
+    async def generate(
+        self,
+        bucket: str,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        logprobs: int = 1,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> Served:
+        """One completion on the least-loaded healthy endpoint of `bucket`, with retries
+        and failover inside the bucket. Raises BucketDown when the bucket has no healthy
+        endpoint for `down_wait_s`, EndpointError when retries are exhausted or the
+        endpoint rejects the request."""
+        queued = generating = 0.0
+        attempts = 0
+        while True:
+            t0 = self.clock()
+            ep = await self._acquire(bucket)
+            t1 = self.clock()
+            queued += t1 - t0
+            version = ep.version
+            body = completion_body(
+                ep.model,
+                prompt_ids,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                logprobs=logprobs,
+                seed=seed,
+                stop=stop or [],
+                stop_token_ids=stop_token_ids or [],
+            )
+            failure: EndpointError | None = None
+            try:
+                async with asyncio.timeout(self.config.request_timeout_s):
+                    completion = await post_completion(
+                        self.session, ep.url, body, headers=self._headers
+                    )
+            except TimeoutError:
+                failure = RetriableError(
+                    f"{ep.url}: no answer within {self.config.request_timeout_s:g} s", url=ep.url
+                )
+            except EndpointDown as e:
+                failure = e
+                await self.mark_down(ep, str(e))
+            except RetriableError as e:
+                failure = e
+            else:
+                ep.served += 1
+                generating += self.clock() - t1
+                return Served(completion, ep, version, queued, generating, attempts + 1)
+            finally:
+                await self._release(ep)
+            generating += self.clock() - t1
+            attempts += 1
+            if attempts > self.config.retries:
+                raise EndpointError(
+                    f"bucket {bucket!r}: giving up after {attempts} attempts: {failure}"
+                )
+            sibling_up = isinstance(failure, EndpointDown) and self.has_healthy(bucket)
+            if not sibling_up:
+                await asyncio.sleep(self._backoff(attempts))
+
+
+def _dumps(obj: object) -> str:
+    return orjson.dumps(obj).decode()
+
+
+__all__ = ["BucketDown", "Endpoint", "EndpointPool", "Served"]

@@ -1,0 +1,66 @@
+"""`libra rollout` configuration: one TOML file, every key overridable by a flag."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from libra.config import Config
+from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
+
+
+class LimitsConfig(Config):
+    """Per-episode limits; scopes nest: episode ⊃ turn ⊃ call ⊃ tool."""
+
+    max_context: int | None = Field(None, ge=16)
+    """Largest total context (prompt + generated + tool tokens). Default: the model's
+    `max_position_embeddings`."""
+    max_turns: int | None = Field(None, ge=1)
+    """Override the env's `max_turns`."""
+    episode_timeout_s: float = Field(1800.0, gt=0)
+    """Whole episode, tools included; on expiry the episode ends `timeout`."""
+    turn_timeout_s: float = Field(600.0, gt=0)
+    """One model turn (all retries of its calls)."""
+    tool_timeout_s: float | None = Field(None, gt=0)
+    """Cap on every tool call (each tool also has its own timeout)."""
+    reward_timeout_s: float = Field(300.0, gt=0)
+    max_tool_calls_per_turn: int = Field(8, ge=1)
+    """Further calls in one turn get an error response."""
+
+
+class RolloutConfig(Config):
+    """A batch of episodes of one env against buckets of endpoints."""
+
+    model: str | None = None
+    """Model folder (config.json, tokenizer.json, chat template). Default: the tiny
+    default model, made on first use in the user cache."""
+    env: str = "arith"
+    """Registered env id (`libra envs`) or a path: `file.py:Class`, `package.module:Class`."""
+    env_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the env's constructor."""
+    tasks: str | None = None
+    """Tasks file (.jsonl or .parquet). Default: the env's shipped task file."""
+    num_tasks: int = Field(0, ge=0)
+    """Use only the first N tasks (0 = all)."""
+    group_size: int = Field(1, ge=1)
+    """Samples per task (GRPO group size G)."""
+    concurrency: int = Field(64, ge=1)
+    """Episodes in flight at once; more wait for admission (backpressure)."""
+    out: str = "runs/rollout.jsonl"
+    """Where records go, one per line, appended as each episode finishes."""
+    batch_id: str | None = None
+    """Batch id stamped on records. Default: a fresh random id."""
+    step: int = Field(0, ge=0)
+    """Policy version (training step) stamped on records."""
+    policy: str = "static"
+    """Routing policy: `static` (smallest bucket fitting the prompt, never moves) or one
+    registered in `libra.routing` (see `libra rollout --help`)."""
+    routing: dict[str, Any] = Field(default_factory=dict)
+    """Options of the routing policy."""
+    buckets: list[BucketConfig] = Field(default_factory=list)
+    """Buckets in order of their bound. Default: one bucket `tp1` with one launched
+    embedded engine."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)

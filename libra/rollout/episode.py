@@ -1,0 +1,458 @@
+"""One episode: model turn -> tool calls -> tool returns -> routing hook -> ... -> reward.
+
+Token-in, token-out. The opening prompt is rendered once; after each tool call only the
+rendered delta of the tool messages plus the generation prompt is appended (loss mask 0,
+logprob 0.0). The history is never re-rendered. Every failure inside the episode ends up
+on the record (`status`, `error`) and never escapes: a bad rollout is data, not a crash.
+Cancellation (batch cancelled) ends the episode `aborted`, records it, and re-raises.
+
+Timeout scopes nest: episode (`limits.episode_timeout_s`) ⊃ turn (`turn_timeout_s`, all
+retries of one model turn) ⊃ call (`endpoint.request_timeout_s`) and tool (the tool's own
+timeout, capped by `tool_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.chat import ChatTokenizer
+from libra.endpoints.config import SamplingConfig
+from libra.endpoints.pool import BucketDown, EndpointPool, Served
+from libra.env import Env, reward_wants_context
+from libra.errors import EndpointError
+from libra.record import Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
+from libra.rollout.config import LimitsConfig
+from libra.routing.base import Decision, EpisodeState, RoutingPolicy, ToolState
+from libra.toolcalls import HermesParser, ParsedCall, ToolCallParser
+from libra.tooling import Context, Tool, ToolResult
+
+log = logging.getLogger("libra.rollout")
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeSpec:
+    """What to run: identity + task. `index` seeds sampling when a seed is configured."""
+
+    id: str
+    batch_id: str
+    task_id: str
+    group_id: str
+    task: dict[str, Any]
+    index: int = 0
+    step: int = 0
+
+
+class _Ended(Exception):
+    """Internal: the episode ended early with this status."""
+
+    def __init__(self, status: str, error: str | None = None):
+        super().__init__(error or status)
+        self.status = status
+        self.error = error
+
+
+@dataclass(slots=True)
+class _State:
+    """Mutable per-episode bookkeeping, turned into a Trajectory at the end."""
+
+    spec: EpisodeSpec
+    prompt_ids: list[int]
+    context: list[int]
+    bucket: str
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    migrations: list[Migration] = field(default_factory=list)
+    tool_states: list[ToolState] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    answer: str | None = None
+    queued_s: float = 0.0
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+
+    def append(self, ids: Sequence[int], lps: Sequence[float] | None, model: bool) -> None:
+        self.context.extend(ids)
+        self.response.extend(ids)
+        self.mask.extend([1 if model else 0] * len(ids))
+        self.logprobs.extend(lps if lps is not None else [0.0] * len(ids))
+
+
+class EpisodeRunner:
+    """Runs episodes of one env against one endpoint pool; shared by a whole batch."""
+
+    def __init__(
+        self,
+        *,
+        env: Env,
+        env_name: str,
+        tokenizer: ChatTokenizer,
+        pool: EndpointPool,
+        policy: RoutingPolicy,
+        sampling: SamplingConfig,
+        limits: LimitsConfig,
+        max_context: int,
+        parser: ToolCallParser | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.env = env
+        self.env_name = env_name
+        self.tok = tokenizer
+        self.pool = pool
+        self.policy = policy
+        self.sampling = sampling
+        self.limits = limits
+        # What the endpoints can serve at all: the largest bucket's bound.
+        self.max_context = min(max_context, max(b.bound for b in pool.buckets))
+        self.max_turns = limits.max_turns or env.max_turns
+        self.parser = parser or HermesParser()
+        self.clock = clock
+        self._buckets = {b.name: b for b in pool.buckets}
+        self._reward_ctx = reward_wants_context(env)
+        # Turn ends: the end-of-turn token(s), plus env stop strings; a stop string that
+        # is one token goes in stop_token_ids (vLLM matches stop strings on decoded text
+        # only, which misses special tokens).
+        self.stop_ids = list(tokenizer.eos_token_ids)
+        self.stop_strs: list[str] = []
+        for s in env.stop:
+            tid = tokenizer.token_id(s)
+            if tid is not None:
+                self.stop_ids.append(tid)
+            else:
+                self.stop_strs.append(s)
+        self._schemas: dict[int, tuple[dict[str, Tool], list[dict[str, Any]]]] = {}
+
+    def _tools(self, task: dict[str, Any]) -> tuple[dict[str, Tool], list[dict[str, Any]]]:
+        tools = self.env.tools_for(task)
+        key = id(tools)
+        if key not in self._schemas:
+            self._schemas[key] = ({t.name: t for t in tools}, [t.schema for t in tools])
+        return self._schemas[key]
+
+    # --- the episode -----------------------------------------------------------------
+    async def run(
+        self,
+        spec: EpisodeSpec,
+        *,
+        admitted_after_s: float = 0.0,
+        on_abort: Callable[[Trajectory], None] | None = None,
+    ) -> Trajectory:
+        """Run one episode to its record. When cancelled, the partial episode is handed to
+        `on_abort` as an `aborted` record and the cancellation propagates."""
+        t0 = self.clock()
+        ctx = Context(episode_id=spec.id, task=spec.task, env=self.env)
+        holder: list[_State] = []
+        try:
+            record = await self._run(spec, ctx, holder)
+        except asyncio.CancelledError:
+            record = self._record(spec, holder[0] if holder else None, "aborted", "cancelled")
+            record.timings.queued_s += admitted_after_s
+            record.timings.total_s = self.clock() - t0
+            if on_abort is not None:
+                on_abort(record)
+            raise
+        finally:
+            await self._teardown(ctx)
+        record.timings.queued_s += admitted_after_s
+        record.timings.total_s = self.clock() - t0
+        return record
+
+    async def _run(self, spec: EpisodeSpec, ctx: Context, holder: list[_State]) -> Trajectory:
+        status, error = "ok", None
+        try:
+            async with asyncio.timeout(self.limits.episode_timeout_s):
+                await self.env.setup(ctx)
+                holder.append(self._open(spec))
+                await self._loop(holder[0], ctx)
+        except _Ended as e:
+            status, error = e.status, e.error
+        except TimeoutError:
+            status, error = "timeout", f"episode exceeded {self.limits.episode_timeout_s:g} s"
+        except EndpointError as e:
+            status, error = "error", f"endpoint: {e}"
+        except Exception as e:  # a bad rollout is data, not a crash
+            log.debug("episode %s failed", spec.id, exc_info=True)
+            status, error = "error", f"{type(e).__name__}: {e}"
+        st = holder[0] if holder else None
+        record = self._record(spec, st, status, error)
+        if status in ("ok", "truncated", "timeout") and st is not None:
+            await self._score(record, ctx)
+        return record
+
+    def _open(self, spec: EpisodeSpec) -> _State:
+        messages = self.env.prompt(spec.task)
+        _, schemas = self._tools(spec.task)
+        prompt_ids = self.tok.prompt_ids(messages, schemas or None)
+        if len(prompt_ids) >= self.max_context:
+            raise _Ended(
+                "truncated",
+                f"prompt of {len(prompt_ids)} tokens does not fit the context "
+                f"of {self.max_context}",
+            )
+        n = len(prompt_ids)
+        state = EpisodeState(spec.id, spec.task_id, n, n, (), "", 0)
+        bucket = self.policy.on_start(state)
+        st = _State(spec, prompt_ids, list(prompt_ids), bucket)
+        st.messages.extend(messages)
+        return st
+
+    async def _loop(self, st: _State, ctx: Context) -> None:
+        tools, schemas = self._tools(st.spec.task)
+        for turn_idx in range(self.max_turns):
+            start = len(st.response)
+            served, finish = await self._model_turn(st, turn_idx)
+            model_ids = st.response[start:]
+            text = self.tok.decode(model_ids)
+            closed = bool(model_ids) and model_ids[-1] in self.tok.eos_token_ids
+            content = text
+            if closed and self.tok.eos_token and content.endswith(self.tok.eos_token):
+                content = content[: -len(self.tok.eos_token)]
+            st.messages.append({"role": "assistant", "content": content})
+            turn = Turn(
+                start=start,
+                model_tokens=len(model_ids),
+                tool_tokens=0,
+                bucket=st.bucket,
+                endpoint=served.endpoint.url,
+                policy_version=served.version,
+                finish_reason=finish,
+            )
+            st.turns.append(turn)
+            answer = self.env.parse_answer(content)
+            if answer is not None:
+                st.answer = answer
+                return
+            calls = self.parser.parse(content)
+            if not calls:
+                if finish == "length":
+                    raise _Ended("truncated", "model turn hit max_tokens without a tool call")
+                return
+            if turn_idx == self.max_turns - 1:
+                raise _Ended("truncated", f"reached max_turns={self.max_turns}")
+            await self._tool_turn(st, ctx, turn, calls, tools, schemas, closed)
+            await self._route(st, turn_idx + 1)
+        raise _Ended("truncated", f"reached max_turns={self.max_turns}")
+
+    async def _model_turn(self, st: _State, turn_idx: int) -> tuple[Served, str | None]:
+        """Generate one model turn. When the current bucket's bound (not the turn's token
+        budget or the context) cuts the turn, it continues on a bucket with room
+        (an overflow demotion)."""
+        budget = self.sampling.max_tokens
+        async with asyncio.timeout(self.limits.turn_timeout_s):
+            while True:
+                self._fit_bucket(st, turn_idx)
+                room_ctx = self.max_context - len(st.context)
+                if room_ctx <= 0:
+                    raise _Ended("truncated", f"context reached max_context={self.max_context}")
+                room_bucket = self._buckets[st.bucket].bound - len(st.context)
+                max_tokens = min(budget, room_ctx, room_bucket)
+                bucket_binds = room_bucket < min(budget, room_ctx)
+                served = await self._generate(st, turn_idx, max_tokens)
+                comp = served.completion
+                st.append(comp.token_ids, comp.logprobs, model=True)
+                budget -= len(comp.token_ids)
+                if comp.finish_reason == "length" and bucket_binds and budget > 0:
+                    continue  # `_fit_bucket` moves it to a bucket with room
+                return served, comp.finish_reason
+
+    def _fit_bucket(self, st: _State, turn_idx: int) -> None:
+        """Force-move when the context no longer fits the current bucket's bound."""
+        if len(st.context) < self._buckets[st.bucket].bound:
+            return
+        bigger = [b for b in self.pool.buckets if b.bound > len(st.context)]
+        if not bigger:
+            return  # the largest bucket: max_context decides
+        self._move(st, turn_idx, bigger[0].name, "overflow")
+
+    async def _generate(self, st: _State, turn_idx: int, max_tokens: int) -> Served:
+        seed = self.sampling.seed
+        if seed is not None:
+            seed = seed + st.spec.index * 1009 + turn_idx
+        while True:
+            try:
+                served = await self.pool.generate(
+                    st.bucket,
+                    st.context,
+                    max_tokens=max_tokens,
+                    temperature=self.sampling.temperature,
+                    top_p=self.sampling.top_p,
+                    logprobs=self.sampling.logprobs,
+                    seed=seed,
+                    stop=self.stop_strs,
+                    stop_token_ids=self.stop_ids,
+                )
+            except BucketDown as e:
+                fallback = self._fallback(st, e.bucket)
+                if fallback is None:
+                    raise
+                self._move(st, turn_idx, fallback, "endpoint-down")
+                continue
+            st.queued_s += served.queued_s
+            st.generate_s += served.generate_s
+            return served
+
+    def _fallback(self, st: _State, down: str) -> str | None:
+        up = [b for b in self.pool.buckets if b.name != down and self.pool.has_healthy(b.name)]
+        fits = [b for b in up if b.bound > len(st.context)]
+        return fits[0].name if fits else None
+
+    def _move(self, st: _State, turn_idx: int, to: str, reason: str) -> None:
+        if to == st.bucket:
+            return
+        st.migrations.append(
+            Migration(
+                turn=turn_idx,
+                from_bucket=st.bucket,
+                to_bucket=to,
+                reprefill_tokens=len(st.context),
+                reason=reason,
+            )
+        )
+        st.bucket = to
+
+    async def _tool_turn(
+        self,
+        st: _State,
+        ctx: Context,
+        turn: Turn,
+        calls: list[ParsedCall],
+        tools: dict[str, Tool],
+        schemas: list[dict[str, Any]],
+        closed: bool,
+    ) -> None:
+        tool_msgs: list[dict[str, Any]] = []
+        for i, call in enumerate(calls):
+            t = self.clock()
+            if i >= self.limits.max_tool_calls_per_turn:
+                result = ToolResult(
+                    f"Error: at most {self.limits.max_tool_calls_per_turn} tool calls per turn",
+                    "error",
+                )
+            else:
+                result = await self._call_tool(call, ctx, tools)
+            latency = self.clock() - t
+            st.tool_s += latency
+            turn.tool_calls.append(ToolCall(name=call.name, arguments=call.arguments))
+            payload = len(self.tok.encode(result.content))
+            turn.tool_returns.append(
+                ToolReturn(
+                    tool=call.name, status=result.status, payload_tokens=payload, latency_s=latency
+                )
+            )
+            st.tool_states.append(ToolState(call.name, result.status, payload))
+            tool_msgs.append({"role": "tool", "name": call.name, "content": result.content})
+        delta = self.tok.delta_ids(tool_msgs, schemas or None, model_closed_turn=closed)
+        st.messages.extend(tool_msgs)
+        if len(st.context) + len(delta) >= self.max_context:
+            raise _Ended("truncated", f"tool output overflows max_context={self.max_context}")
+        st.append(delta, None, model=False)
+        turn.tool_tokens = len(delta)
+
+    async def _call_tool(
+        self, call: ParsedCall, ctx: Context, tools: dict[str, Tool]
+    ) -> ToolResult:
+        if call.error is not None:
+            return ToolResult(f"Error: malformed tool call: {call.error}", "error")
+        tool = tools.get(call.name)
+        if tool is None:
+            known = ", ".join(tools) or "none"
+            return ToolResult(f"Error: unknown tool {call.name!r}; available: {known}", "error")
+        cap = self.limits.tool_timeout_s
+        if cap is None or cap >= tool.timeout:
+            return await tool.invoke(call.arguments, ctx)
+        try:
+            async with asyncio.timeout(cap):
+                return await tool.invoke(call.arguments, ctx)
+        except TimeoutError:
+            return ToolResult(f"Error: {call.name} timed out after {cap:g} s", "timeout")
+
+    async def _route(self, st: _State, next_turn: int) -> None:
+        spec = st.spec
+        state = EpisodeState(
+            spec.id,
+            spec.task_id,
+            len(st.prompt_ids),
+            len(st.context),
+            tuple(st.tool_states),
+            st.bucket,
+            next_turn,
+        )
+        decision = self.policy.on_tool_return(state)
+        if isinstance(decision, Decision):
+            to, reason = decision.bucket, decision.reason or "policy"
+        else:
+            to, reason = decision, "policy"
+        if to not in self._buckets:
+            raise ValueError(f"routing policy answered unknown bucket {to!r}")
+        self._move(st, next_turn, to, reason)
+
+    # --- the end ---------------------------------------------------------------------
+    def _record(
+        self, spec: EpisodeSpec, st: _State | None, status: str, error: str | None
+    ) -> Trajectory:
+        rec = Trajectory(
+            id=spec.id,
+            batch_id=spec.batch_id,
+            task_id=spec.task_id,
+            group_id=spec.group_id,
+            env=self.env_name,
+            step=spec.step,
+            status=status,
+            error=error,
+        )
+        if st is not None:
+            rec.answer = st.answer
+            rec.prompt_token_ids = st.prompt_ids
+            rec.prompt_tokens = len(st.prompt_ids)
+            rec.response_token_ids = st.response
+            rec.loss_mask = st.mask
+            rec.logprobs = st.logprobs
+            rec.total_tokens = len(st.context)
+            rec.turns = st.turns
+            rec.migrations = st.migrations
+            rec.timings = Timings(queued_s=st.queued_s, generate_s=st.generate_s, tool_s=st.tool_s)
+            rec._messages = st.messages
+        return rec
+
+    async def _score(self, rec: Trajectory, ctx: Context) -> None:
+        try:
+            async with asyncio.timeout(self.limits.reward_timeout_s):
+                if self._reward_ctx:
+                    out = await _maybe_await(self.env.reward(ctx.task, rec, ctx))  # type: ignore[call-arg]
+                else:
+                    out = await _maybe_await(self.env.reward(ctx.task, rec))
+            rec.reward, rec.reward_info = _as_reward(out)
+        except TimeoutError:
+            rec.status, rec.error = "error", f"reward exceeded {self.limits.reward_timeout_s:g} s"
+        except Exception as e:
+            rec.status, rec.error = "error", f"reward failed: {type(e).__name__}: {e}"
+
+    async def _teardown(self, ctx: Context) -> None:
+        try:
+            async with asyncio.timeout(60):
+                await self.env.teardown(ctx)
+        except Exception:
+            log.warning("teardown of episode %s failed", ctx.episode_id, exc_info=True)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
+def _as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:
+    if isinstance(out, tuple) and len(out) == 2:
+        return float(out[0]), dict(out[1]) if out[1] is not None else None
+    if isinstance(out, dict):
+        info = dict(out)
+        return float(info.pop("reward")), info or None
+    return float(out), None
+
+
+__all__ = ["EpisodeRunner", "EpisodeSpec"]

@@ -1,0 +1,111 @@
+"""Where finished records go: a JSONL file (flushed per record) and a progress line."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import IO, Any
+
+from libra.record import Trajectory
+
+
+class JsonlSink:
+    """Appends one record per line and flushes it, so a crash loses nothing finished.
+    `fsync=True` also forces each line to disk (survives a machine crash; slower)."""
+
+    def __init__(self, path: str | Path, fsync: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self.fsync = fsync
+
+    def __call__(self, record: Trajectory) -> None:
+        self._f.write(record.to_json() + b"\n")
+        self._f.flush()
+        if self.fsync:
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class Stats:
+    """Running totals over finished records (the summary and the progress line)."""
+
+    def __init__(self, total: int, clock: Any = time.monotonic):
+        self.total = total
+        self.clock = clock
+        self.t0 = clock()
+        self.done = 0
+        self.status: Counter[str] = Counter()
+        self.model_tokens = 0
+        self.total_tokens = 0
+        self.reward_sum = 0.0
+        self.migrations = 0
+        self.tool_calls = 0
+        self.tool_errors = 0
+
+    def add(self, r: Trajectory) -> None:
+        self.done += 1
+        self.status[r.status] += 1
+        self.model_tokens += r.model_tokens
+        self.total_tokens += r.total_tokens
+        self.reward_sum += r.reward
+        self.migrations += len(r.migrations)
+        for t in r.turns:
+            self.tool_calls += len(t.tool_returns)
+            self.tool_errors += sum(tr.status != "ok" for tr in t.tool_returns)
+
+    def summary(self) -> dict[str, Any]:
+        wall = max(self.clock() - self.t0, 1e-9)
+        return {
+            "episodes": self.done,
+            "status": dict(sorted(self.status.items())),
+            "mean_reward": self.reward_sum / self.done if self.done else 0.0,
+            "model_tokens": self.model_tokens,
+            "total_tokens": self.total_tokens,
+            "tokens_per_s": self.model_tokens / wall,
+            "migrations": self.migrations,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "wall_s": wall,
+        }
+
+
+class Progress:
+    """One status line on stderr: redrawn in place on a terminal, else every 10 s."""
+
+    def __init__(self, stats: Stats, stream: IO[str] | None = None):
+        self.stats = stats
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._last = 0.0
+
+    def __call__(self, record: Trajectory) -> None:
+        now = self.stats.clock()
+        if now - self._last >= (0.25 if self.tty else 10.0) or self.stats.done == self.stats.total:
+            self._last = now
+            self.draw()
+
+    def draw(self) -> None:
+        s = self.stats
+        wall = max(s.clock() - s.t0, 1e-9)
+        bad = s.done - s.status.get("ok", 0)
+        line = (
+            f"episodes {s.done}/{s.total}  {s.model_tokens / wall:,.0f} tok/s  "
+            f"not-ok {bad}  tool errors {s.tool_errors}  migrations {s.migrations}  "
+            f"{wall:,.0f}s"
+        )
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line)
+            if s.done == s.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+__all__ = ["JsonlSink", "Progress", "Stats"]

@@ -1,0 +1,100 @@
+"""Shared fixtures: a tiny model folder, fake vLLM servers on loopback, CI strictness."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from tests.fakes.vllm_fake import FakeVLLM
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip locally when a prerequisite is missing; fail under CI=true."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default tiny model, made once per session in a temp folder."""
+    from libra.engine.model_maker import make_model
+
+    return make_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RunningFake:
+    def __init__(self, fake: FakeVLLM, url: str):
+        self.fake = fake
+        self.url = url
+
+
+@pytest.fixture
+async def fake_vllm(tiny_model: Path) -> AsyncIterator[RunningFake]:
+    """A fake vLLM server in this process (same event loop as the test)."""
+    fake = FakeVLLM(str(tiny_model))
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        yield RunningFake(fake, f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+
+
+def wait_http(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{url} did not come up in {timeout} s")
+
+
+@pytest.fixture
+def spawn_fake(tiny_model: Path) -> Iterator[callable]:
+    """Start fake vLLM servers as separate processes (so tests can kill them)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(delay: float = 0.0) -> tuple[str, subprocess.Popen[bytes]]:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests/fakes/vllm_fake.py"), "--model", str(tiny_model),
+             "--port", str(port), "--delay", str(delay)],
+            cwd=ROOT,
+        )  # fmt: skip
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health")
+        return url, proc
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

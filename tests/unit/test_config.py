@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from libra import config
+from libra.errors import ConfigError
+from libra.rollout.config import RolloutConfig
+
+
+def test_load_with_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('env = "arith"\ngroup_size = 4\n[sampling]\ntemperature = 0.5\n')
+    cfg = config.load(RolloutConfig, f, {"group_size": 8, "sampling.max_tokens": 64, "out": None})
+    assert (cfg.group_size, cfg.sampling.temperature, cfg.sampling.max_tokens) == (8, 0.5, 64)
+
+
+def test_errors_name_the_field_path(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[sampling]\ntemperature = -1\n")
+    with pytest.raises(
+        ConfigError, match=r"c.toml: sampling.temperature: .*greater than or equal to 0 \(got -1\)"
+    ):
+        config.load(RolloutConfig, f)
+    f.write_text("concurency = 3\n")
+    with pytest.raises(ConfigError, match="concurency: unknown key"):
+        config.load(RolloutConfig, f)
+    f.write_text("[[buckets]]\ntp = 2\n")
+    with pytest.raises(ConfigError, match=r"buckets.0.name: Field required"):
+        config.load(RolloutConfig, f)
+    f.write_text("env = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(RolloutConfig, f)
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(RolloutConfig, tmp_path / "missing.toml")
