@@ -1,0 +1,77 @@
+"""Workload generators: causal agentic episodes as trajectory records.
+
+    from libra.sim import workloads
+    batch = workloads.sample("search-r1", n_prompts=32, group=16, step=0, seed=0)
+
+`sample` returns one training step's batch: `n_prompts` dataset prompts (walked epoch by
+epoch in a seeded order), `group` episodes each, as `libra.record.Trajectory` records
+(DESIGN.md schema; token-id lists empty, buckets and endpoints blank, `timings.tool_s`
+filled). Per turn the records carry what a simulator needs to replay an episode
+causally: `model_tokens`, `tool_tokens`, and each tool return's status, payload and
+latency. Same arguments, same records.
+
+Names: `search-r1`, `r2e-gym`, `dapo-math`. `params` overrides fields of the workload's
+`WorkloadSpec` (e.g. `{"dataset_size": 512}` for a multi-epoch run on a subset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from libra.errors import ConfigError
+from libra.record import Trajectory
+from libra.sim.workloads.dapo_math import DAPO_MATH
+from libra.sim.workloads.generator import episode, make_task, step_tasks
+from libra.sim.workloads.r2e_gym import R2E_GYM
+from libra.sim.workloads.search_r1 import SEARCH_R1
+from libra.sim.workloads.spec import TaskClass, ToolSpec, WorkloadSpec
+
+WORKLOADS: dict[str, WorkloadSpec] = {s.name: s for s in (SEARCH_R1, R2E_GYM, DAPO_MATH)}
+
+
+def spec(name: str, params: Mapping[str, Any] | None = None) -> WorkloadSpec:
+    """The named workload's spec, with `params` overriding its fields."""
+    try:
+        base = WORKLOADS[name]
+    except KeyError:
+        known = ", ".join(WORKLOADS)
+        raise ConfigError(f"unknown workload {name!r}; known: {known}") from None
+    if not params:
+        return base
+    try:
+        return base.replace(**dict(params))
+    except TypeError as e:
+        raise ConfigError(f"workload {name!r}: bad parameter override: {e}") from None
+
+
+def sample(
+    name: str,
+    n_prompts: int,
+    group: int,
+    *,
+    step: int = 0,
+    seed: int = 0,
+    params: Mapping[str, Any] | None = None,
+) -> list[Trajectory]:
+    """One step's batch of `n_prompts` x `group` episodes of workload `name`.
+
+    Records come grouped by prompt (`group_id`), `seq` numbering them in order.
+    """
+    if n_prompts < 1 or group < 1:
+        raise ConfigError(f"n_prompts and group must be >= 1 (got {n_prompts}, {group})")
+    if step < 0:
+        raise ConfigError(f"step must be >= 0 (got {step})")
+    s = spec(name, params)
+    out: list[Trajectory] = []
+    for index in step_tasks(s, n_prompts, step, seed):
+        task = make_task(s, seed, index)
+        group_id = f"{s.name}/step-{step}/{index}"
+        for k in range(group):
+            rec = episode(s, task, step=step, seed=seed, sample=k, group_id=group_id)
+            rec.seq = len(out)
+            out.append(rec)
+    return out
+
+
+__all__ = ["WORKLOADS", "TaskClass", "ToolSpec", "WorkloadSpec", "sample", "spec"]
