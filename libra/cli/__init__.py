@@ -21,7 +21,9 @@ COMMANDS: dict[str, str] = {
     "envs": "libra.cli.registry_cmds",
     "tools": "libra.cli.registry_cmds",
     "bench": "libra.cli.bench",
+    "workload": "libra.cli.workload",
     "make-model": "libra.cli.make_model",
+    "serve-engine": "libra.cli.serve_engine",
 }
 
 

@@ -67,7 +67,7 @@ def test_prompts_recur_once_per_epoch_with_fixed_latents():
 def test_unknown_names_and_bad_overrides_are_one_clear_error():
     with pytest.raises(ConfigError, match="known: search-r1, r2e-gym, dapo-math"):
         workloads.sample("search-r2", 1, 1)
-    with pytest.raises(ConfigError, match="bad parameter"):
+    with pytest.raises(ConfigError, match="has no field .no_such_field."):
         workloads.sample("search-r1", 1, 1, params={"no_such_field": 1})
     with pytest.raises(ConfigError, match="n_prompts"):
         workloads.sample("search-r1", 0, 1)
@@ -139,3 +139,45 @@ def test_drift_over_training_steps(name):
     assert per_turn(late) > 1.2 * per_turn(early)
     if name == "search-r1":  # its only errors are malformed calls
         assert format_errors(late) < 0.5 * format_errors(early)
+
+
+def test_workload_command_writes_what_sample_returns(tmp_path, capsys):
+    import gzip
+
+    from libra.cli import main
+
+    out = tmp_path / "t.jsonl.gz"
+    args = ["workload", "dapo-math", "--out", str(out), "--steps", "2", "--prompts", "3"]
+    assert main([*args, "--group", "2", "--seed", "4", "--param", "dataset_size=5"]) == 0
+    with gzip.open(out) as f:
+        got = [Trajectory.from_json(line) for line in f]
+    want = [
+        r
+        for s in range(2)
+        for r in workloads.sample("dapo-math", 3, 2, step=s, seed=4, params={"dataset_size": 5})
+    ]
+    assert [g.model_dump(exclude={"seq"}) for g in got] == [
+        w.model_dump(exclude={"seq"}) for w in want
+    ]
+    assert [g.seq for g in got] == list(range(12))
+    assert main(["workload", "dapo-math", "--out", str(out), "--param", "max_turns=2.5"]) == 2
+    assert "max_turns must be of type int" in capsys.readouterr().err
+
+
+def test_frozen_traces_are_what_the_script_writes():
+    # tests/data was written by tests/data/make_traces.py before any policy was tuned;
+    # this keeps the generator from drifting away from the frozen files unnoticed.
+    import gzip
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "data" / "make_traces.py"
+    mod_spec = importlib.util.spec_from_file_location("make_traces", path)
+    assert mod_spec and mod_spec.loader
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    for file, (name, _steps, prompts, group, seed, params) in mod.TRACES.items():
+        with gzip.open(path.parent / file) as f:
+            frozen = f.readline()
+        first = workloads.sample(name, prompts, group, step=0, seed=seed, params=params)[0]
+        assert Trajectory.from_json(frozen).model_dump() == first.model_dump(), file

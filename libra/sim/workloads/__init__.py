@@ -16,6 +16,7 @@ Names: `search-r1`, `r2e-gym`, `dapo-math`. `params` overrides fields of the wor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,10 +40,18 @@ def spec(name: str, params: Mapping[str, Any] | None = None) -> WorkloadSpec:
         raise ConfigError(f"unknown workload {name!r}; known: {known}") from None
     if not params:
         return base
-    try:
-        return base.replace(**dict(params))
-    except TypeError as e:
-        raise ConfigError(f"workload {name!r}: bad parameter override: {e}") from None
+    for key, value in params.items():
+        if not hasattr(base, key):
+            fields = ", ".join(f.name for f in dataclasses.fields(base))
+            raise ConfigError(f"workload {name!r} has no field {key!r}; fields: {fields}")
+        old = getattr(base, key)
+        # an int field takes an int; a float field any number
+        numeric = isinstance(old, float) and isinstance(value, int | float)
+        if not numeric and not isinstance(value, type(old)):
+            raise ConfigError(
+                f"workload {name!r}: {key} must be of type {type(old).__name__} (got {value!r})"
+            )
+    return base.replace(**dict(params))
 
 
 def sample(
