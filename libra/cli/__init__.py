@@ -23,7 +23,6 @@ COMMANDS: dict[str, str] = {
     "bench": "libra.cli.bench",
     "workload": "libra.cli.workload",
     "make-model": "libra.cli.make_model",
-    "serve-engine": "libra.cli.serve_engine",
 }
 
 
