@@ -25,7 +25,11 @@ BUILTIN_ENVS: dict[str, str] = {
 BUILTIN_TOOLS: dict[str, str] = {
     "calculator": "libra.envs.arith:calculator",
 }
-BUILTIN_SANDBOXES: dict[str, str] = {}
+BUILTIN_SANDBOXES: dict[str, str] = {
+    "auto": "libra.sandboxes.auto:auto",
+    "bwrap": "libra.sandboxes.bwrap:BwrapBackend",
+    "docker": "libra.sandboxes.docker:DockerBackend",
+}
 
 
 @dataclass(frozen=True, slots=True)
