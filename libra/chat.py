@@ -113,7 +113,7 @@ class ChatTokenizer:
         }
         self.eos_token = self.special_tokens.get("eos_token")
         self.eos_token_ids = self._eos_ids()
-        self._tail_cache: dict[str, str] = {}
+        self._plans: dict[int, tuple[Any, tuple[Any, str, str]]] = {}
 
     def _find_template(self) -> str:
         jinja_file = self.model_dir / "chat_template.jinja"
@@ -183,13 +183,54 @@ class ChatTokenizer:
         """The opening prompt: messages rendered once, with the generation prompt."""
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
-    def _turn_tail(self, tools: Sequence[dict[str, Any]] | None) -> tuple[str, str]:
+    def _plan(self, tools: Sequence[dict[str, Any]] | None) -> tuple[Any, str, str]:
+        """(tools to render deltas with, base render, tail), cached per tools list.
+
+        Rendering the tool list (JSON of every schema) on each tool turn is most of a
+        delta's cost. Many templates (Qwen's among them) only put tools in the system
+        block; for those the delta is the same without them, which is checked here on a
+        probe message before deltas are rendered without tools.
+        """
+        key = id(tools)
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] is tools:
+            return hit[1]
+        plan = self._make_plan(tools)
+        if tools:
+            probe = [{"role": "tool", "name": "probe", "content": "probe \u2063 42"}]
+            bare = self._make_plan(None)
+            if self._delta(probe, bare, True) == self._delta(probe, plan, True):
+                plan = bare
+        if len(self._plans) > 64:
+            self._plans.clear()
+        self._plans[key] = (tools, plan)
+        return plan
+
+    def _make_plan(self, tools: Sequence[dict[str, Any]] | None) -> tuple[Any, str, str]:
         base_msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
         base = self.render(base_msgs, tools, add_generation_prompt=False)
         at = base.rfind(_SENTINEL)
         if at < 0:
             raise ModelError(f"{self.model_dir}: chat template drops assistant content")
-        return base, base[at + len(_SENTINEL) :]
+        return tools, base, base[at + len(_SENTINEL) :]
+
+    def _delta(
+        self,
+        new_messages: Sequence[dict[str, Any]],
+        plan: tuple[Any, str, str],
+        model_closed_turn: bool,
+    ) -> str:
+        tools, base, tail = plan
+        base_msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+        full = self.render([*base_msgs, *new_messages], tools, add_generation_prompt=True)
+        if not full.startswith(base):
+            raise ModelError(
+                f"{self.model_dir}: chat template re-renders the assistant turn when "
+                "tool messages follow; cannot append a delta"
+            )
+        if model_closed_turn and self.eos_token and tail.startswith(self.eos_token):
+            tail = tail[len(self.eos_token) :]
+        return tail + full[len(base) :]
 
     def delta_text(
         self,
@@ -200,17 +241,7 @@ class ChatTokenizer:
         """Text to append after an assistant turn: its closing, `new_messages` (tool or
         user messages), and the generation prompt. `model_closed_turn`: the model's last
         token was the end-of-turn token (so it is not repeated)."""
-        base_msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
-        base, tail = self._turn_tail(tools)
-        full = self.render([*base_msgs, *new_messages], tools, add_generation_prompt=True)
-        if not full.startswith(base):
-            raise ModelError(
-                f"{self.model_dir}: chat template re-renders the assistant turn when "
-                "tool messages follow; cannot append a delta"
-            )
-        if model_closed_turn and self.eos_token and tail.startswith(self.eos_token):
-            tail = tail[len(self.eos_token) :]
-        return tail + full[len(base) :]
+        return self._delta(new_messages, self._plan(tools), model_closed_turn)
 
     def delta_ids(
         self,

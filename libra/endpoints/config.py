@@ -30,6 +30,11 @@ class EndpointConfig(Config):
 
     max_inflight: int = Field(256, ge=1)
     """Requests in flight per endpoint; more wait in Libra's queue (backpressure)."""
+    max_inflight_total: int = Field(4096, ge=1)
+    """Requests in flight across all endpoints of this process, at most. The actual cap
+    adapts below it to keep event-loop lag near `loop_lag_target_s`."""
+    loop_lag_target_s: float = Field(0.02, gt=0)
+    """Event-loop lag the in-flight cap is steered to (see endpoints/governor.py)."""
     retries: int = Field(4, ge=0)
     """Retries of one call on 429 / 5xx / connection errors / timeouts."""
     backoff_s: float = Field(0.2, gt=0)

@@ -22,6 +22,7 @@ import orjson
 
 from libra.endpoints.client import Completion, RetriableError, completion_body, post_completion
 from libra.endpoints.config import EndpointConfig
+from libra.endpoints.governor import LagGovernor, Limiter
 from libra.errors import EndpointDown, EndpointError
 from libra.routing.base import Bucket
 
@@ -86,6 +87,13 @@ class EndpointPool:
             self._buckets[spec.name] = _BucketState(spec, eps)
         self._session: aiohttp.ClientSession | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
+        self.governor = LagGovernor(
+            target_s=self.config.loop_lag_target_s,
+            max_cap=self.config.max_inflight_total,
+            cap=min(64, self.config.max_inflight_total),
+        )
+        self.limiter = Limiter(self.governor.cap)
         cfg = self.config
         self._headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
@@ -103,15 +111,17 @@ class EndpointPool:
             await self._session.close()
             raise
         self._probe = asyncio.create_task(self._probe_loop(), name="libra-endpoint-probe")
+        self._lag_task = asyncio.create_task(self._lag_loop(), name="libra-loop-lag")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            try:
-                await self._probe
-            except asyncio.CancelledError:
-                pass
+        for task in (self._probe, self._lag_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if self._session is not None:
             await self._session.close()
 
@@ -195,6 +205,21 @@ class EndpointPool:
                     log.warning("endpoint %s is back", ep.url)
                     await self._set_health(ep, True)
 
+    async def _lag_loop(self) -> None:
+        """Measure event-loop lag every 10 ms; feed the worst of each 50 ms window to the
+        governor, which sets the cap on requests in flight."""
+        loop = asyncio.get_running_loop()
+        worst = 0.0
+        n = 0
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.01)
+            worst = max(worst, loop.time() - t - 0.01)
+            n += 1
+            if n == 5:
+                self.limiter.set_limit(self.governor.observe(worst, self.limiter.inflight))
+                worst, n = 0.0, 0
+
     async def _set_health(self, ep: Endpoint, healthy: bool) -> None:
         state = self._buckets[ep.bucket]
         async with state.cond:
@@ -273,6 +298,11 @@ class EndpointPool:
         while True:
             t0 = self.clock()
             ep = await self._acquire(bucket)
+            try:
+                await self.limiter.acquire()
+            except BaseException:
+                await self._release(ep)
+                raise
             t1 = self.clock()
             queued += t1 - t0
             version = ep.version
@@ -307,6 +337,7 @@ class EndpointPool:
                 generating += self.clock() - t1
                 return Served(completion, ep, version, queued, generating, attempts + 1)
             finally:
+                self.limiter.release()
                 await self._release(ep)
             generating += self.clock() - t1
             attempts += 1

@@ -27,9 +27,10 @@ from libra.env import Env, reward_wants_context
 from libra.errors import EndpointError
 from libra.record import Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.config import LimitsConfig
+from libra.rollout.toolrun import CallOutcome, run_calls
 from libra.routing.base import Decision, EpisodeState, RoutingPolicy, ToolState
-from libra.toolcalls import HermesParser, ParsedCall, ToolCallParser
-from libra.tooling import Context, Tool, ToolResult
+from libra.toolcalls import HermesParser, ToolCallParser
+from libra.tooling import Context, Tool
 
 log = logging.getLogger("libra.rollout")
 
@@ -98,6 +99,7 @@ class EpisodeRunner:
         limits: LimitsConfig,
         max_context: int,
         parser: ToolCallParser | None = None,
+        cpu_slots: int = 32,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.env = env
@@ -126,6 +128,10 @@ class EpisodeRunner:
             else:
                 self.stop_strs.append(s)
         self._schemas: dict[int, tuple[dict[str, Tool], list[dict[str, Any]]]] = {}
+        # CPU gate: at most `cpu_slots` episodes do synchronous work (render, tokenize,
+        # parse) per event-loop iteration, so timers and I/O stay responsive when
+        # thousands of episodes are in flight (waiters wake one loop iteration later).
+        self._cpu = asyncio.Semaphore(cpu_slots)
 
     def _tools(self, task: dict[str, Any]) -> tuple[dict[str, Tool], list[dict[str, Any]]]:
         tools = self.env.tools_for(task)
@@ -167,7 +173,8 @@ class EpisodeRunner:
         try:
             async with asyncio.timeout(self.limits.episode_timeout_s):
                 await self.env.setup(ctx)
-                holder.append(self._open(spec))
+                async with self._cpu:
+                    holder.append(self._open(spec))
                 await self._loop(holder[0], ctx)
         except _Ended as e:
             status, error = e.status, e.error
@@ -206,37 +213,52 @@ class EpisodeRunner:
         for turn_idx in range(self.max_turns):
             start = len(st.response)
             served, finish = await self._model_turn(st, turn_idx)
-            model_ids = st.response[start:]
-            text = self.tok.decode(model_ids)
-            closed = bool(model_ids) and model_ids[-1] in self.tok.eos_token_ids
-            content = text
-            if closed and self.tok.eos_token and content.endswith(self.tok.eos_token):
-                content = content[: -len(self.tok.eos_token)]
-            st.messages.append({"role": "assistant", "content": content})
-            turn = Turn(
-                start=start,
-                model_tokens=len(model_ids),
-                tool_tokens=0,
-                bucket=st.bucket,
-                endpoint=served.endpoint.url,
-                policy_version=served.version,
-                finish_reason=finish,
-            )
-            st.turns.append(turn)
-            answer = self.env.parse_answer(content)
+            async with self._cpu:
+                turn, content, closed = self._close_turn(st, start, served, finish)
+                answer = self.env.parse_answer(content)
+                calls = [] if answer is not None else self.parser.parse(content)
             if answer is not None:
                 st.answer = answer
                 return
-            calls = self.parser.parse(content)
             if not calls:
                 if finish == "length":
                     raise _Ended("truncated", "model turn hit max_tokens without a tool call")
                 return
             if turn_idx == self.max_turns - 1:
                 raise _Ended("truncated", f"reached max_turns={self.max_turns}")
-            await self._tool_turn(st, ctx, turn, calls, tools, schemas, closed)
-            await self._route(st, turn_idx + 1)
+            outcomes = await run_calls(
+                calls,
+                ctx,
+                tools,
+                max_calls=self.limits.max_tool_calls_per_turn,
+                timeout_cap_s=self.limits.tool_timeout_s,
+                clock=self.clock,
+            )
+            async with self._cpu:
+                self._append_tools(st, turn, outcomes, schemas, closed)
+                self._route(st, turn_idx + 1)
         raise _Ended("truncated", f"reached max_turns={self.max_turns}")
+
+    def _close_turn(
+        self, st: _State, start: int, served: Served, finish: str | None
+    ) -> tuple[Turn, str, bool]:
+        model_ids = st.response[start:]
+        content = self.tok.decode(model_ids)
+        closed = bool(model_ids) and model_ids[-1] in self.tok.eos_token_ids
+        if closed and self.tok.eos_token and content.endswith(self.tok.eos_token):
+            content = content[: -len(self.tok.eos_token)]
+        st.messages.append({"role": "assistant", "content": content})
+        turn = Turn(
+            start=start,
+            model_tokens=len(model_ids),
+            tool_tokens=0,
+            bucket=st.bucket,
+            endpoint=served.endpoint.url,
+            policy_version=served.version,
+            finish_reason=finish,
+        )
+        st.turns.append(turn)
+        return turn, content, closed
 
     async def _model_turn(self, st: _State, turn_idx: int) -> tuple[Served, str | None]:
         """Generate one model turn. When the current bucket's bound (not the turn's token
@@ -315,37 +337,29 @@ class EpisodeRunner:
         )
         st.bucket = to
 
-    async def _tool_turn(
+    def _append_tools(
         self,
         st: _State,
-        ctx: Context,
         turn: Turn,
-        calls: list[ParsedCall],
-        tools: dict[str, Tool],
+        outcomes: list[CallOutcome],
         schemas: list[dict[str, Any]],
         closed: bool,
     ) -> None:
         tool_msgs: list[dict[str, Any]] = []
-        for i, call in enumerate(calls):
-            t = self.clock()
-            if i >= self.limits.max_tool_calls_per_turn:
-                result = ToolResult(
-                    f"Error: at most {self.limits.max_tool_calls_per_turn} tool calls per turn",
-                    "error",
-                )
-            else:
-                result = await self._call_tool(call, ctx, tools)
-            latency = self.clock() - t
-            st.tool_s += latency
-            turn.tool_calls.append(ToolCall(name=call.name, arguments=call.arguments))
-            payload = len(self.tok.encode(result.content))
+        for o in outcomes:
+            st.tool_s += o.latency_s
+            payload = len(self.tok.encode(o.result.content))
+            turn.tool_calls.append(ToolCall(name=o.call.name, arguments=o.call.arguments))
             turn.tool_returns.append(
                 ToolReturn(
-                    tool=call.name, status=result.status, payload_tokens=payload, latency_s=latency
+                    tool=o.call.name,
+                    status=o.result.status,
+                    payload_tokens=payload,
+                    latency_s=o.latency_s,
                 )
             )
-            st.tool_states.append(ToolState(call.name, result.status, payload))
-            tool_msgs.append({"role": "tool", "name": call.name, "content": result.content})
+            st.tool_states.append(ToolState(o.call.name, o.result.status, payload))
+            tool_msgs.append({"role": "tool", "name": o.call.name, "content": o.result.content})
         delta = self.tok.delta_ids(tool_msgs, schemas or None, model_closed_turn=closed)
         st.messages.extend(tool_msgs)
         if len(st.context) + len(delta) >= self.max_context:
@@ -353,25 +367,7 @@ class EpisodeRunner:
         st.append(delta, None, model=False)
         turn.tool_tokens = len(delta)
 
-    async def _call_tool(
-        self, call: ParsedCall, ctx: Context, tools: dict[str, Tool]
-    ) -> ToolResult:
-        if call.error is not None:
-            return ToolResult(f"Error: malformed tool call: {call.error}", "error")
-        tool = tools.get(call.name)
-        if tool is None:
-            known = ", ".join(tools) or "none"
-            return ToolResult(f"Error: unknown tool {call.name!r}; available: {known}", "error")
-        cap = self.limits.tool_timeout_s
-        if cap is None or cap >= tool.timeout:
-            return await tool.invoke(call.arguments, ctx)
-        try:
-            async with asyncio.timeout(cap):
-                return await tool.invoke(call.arguments, ctx)
-        except TimeoutError:
-            return ToolResult(f"Error: {call.name} timed out after {cap:g} s", "timeout")
-
-    async def _route(self, st: _State, next_turn: int) -> None:
+    def _route(self, st: _State, next_turn: int) -> None:
         spec = st.spec
         state = EpisodeState(
             spec.id,

@@ -1,0 +1,250 @@
+"""Control-plane overhead: latency Libra adds per turn, and 10,000 episodes in flight.
+
+Against an OpenAI-compatible server on loopback, in a separate process, that answers
+instantly (`libra.bench.instant_server`), with a one-tool env whose tool does nothing:
+(a) the latency Libra adds per turn over a bare HTTP call of the same request, at
+concurrency 1 and 100 (goal <= 1 ms at p50); (b) `--episodes` episodes (default 10,000)
+all in flight at once x `--turns` turns: turns/s, event-loop lag p99 (goal <= 50 ms),
+RSS per in-flight episode, and whether every episode completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+import libra
+from libra.chat import ChatTokenizer
+from libra.endpoints.client import completion_body
+from libra.endpoints.config import EndpointConfig, SamplingConfig
+from libra.endpoints.launch import free_port
+from libra.endpoints.pool import EndpointPool
+from libra.rollout.batch import run_episodes
+from libra.rollout.config import LimitsConfig
+from libra.rollout.episode import EpisodeRunner
+from libra.rollout.run import run_sync
+from libra.rollout.sink import JsonlSink
+from libra.rollout.tasks import episode_specs
+from libra.routing.base import Bucket, StaticPolicy
+
+
+@libra.tool
+async def noop(x: int) -> str:
+    """Do nothing."""
+    return "ok"
+
+
+class NoopEnv(libra.Env):
+    tools = [noop]
+    max_turns = 16
+
+    def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": f"Task {task['id']}: call noop, then answer."}]
+
+    async def reward(self, task: dict[str, Any], trajectory: libra.Trajectory) -> float:
+        return float(trajectory.answer == "42")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--episodes", type=int, default=10_000, help="episodes in flight at once")
+    p.add_argument("--turns", type=int, default=4, help="model turns per episode")
+    p.add_argument("--latency-turns", type=int, default=2000, help="turns per latency sample")
+    p.add_argument("--model", help="model folder for the tokenizer (default: a fresh tiny one)")
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class LagMonitor:
+    """Samples event-loop lag (how late a 10 ms sleep wakes up) and peak RSS."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.peak_rss = 0.0
+
+    async def run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            self.lags.append(time.perf_counter() - t - 0.01)
+            if len(self.lags) % 10 == 0:
+                self.peak_rss = max(self.peak_rss, _rss_mb())
+
+
+async def _bare_latency(url: str, body: bytes, concurrency: int, calls: int) -> list[float]:
+    lat: list[float] = []
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                t = time.perf_counter()
+                async with s.post(
+                    f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+                ) as r:
+                    await r.read()
+                lat.append(time.perf_counter() - t)
+
+        per = max(1, calls // concurrency)
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(concurrency):
+                tg.create_task(worker(per))
+    return lat
+
+
+def _runner(tok: ChatTokenizer, pool: EndpointPool, turns: int) -> EpisodeRunner:
+    bucket = pool.buckets[0]
+    return EpisodeRunner(
+        env=NoopEnv(),
+        env_name="bench-noop",
+        tokenizer=tok,
+        pool=pool,
+        policy=StaticPolicy([bucket]),
+        sampling=SamplingConfig(max_tokens=64),
+        limits=LimitsConfig(max_turns=turns + 1),
+        max_context=bucket.bound,
+    )
+
+
+async def _libra_turns(
+    url: str, tok: ChatTokenizer, out: Path, concurrency: int, episodes: int, turns: int
+) -> tuple[list[float], dict[str, Any]]:
+    """Per-turn latency of each episode (total / turns) and the run's figures."""
+    bucket = Bucket("tp1", 1, 4096)
+    cfg = EndpointConfig(max_inflight=512)
+    per_turn: list[float] = []
+    status: dict[str, int] = {}
+    tasks = [{"id": f"b{i}"} for i in range(episodes)]
+    monitor = LagMonitor()
+    async with EndpointPool([(bucket, [url])], cfg) as pool:
+        runner = _runner(tok, pool, turns)
+        sink = JsonlSink(out)
+
+        def emit(rec: libra.Trajectory) -> None:
+            sink(rec)
+            status[rec.status] = status.get(rec.status, 0) + 1
+            per_turn.append(rec.timings.total_s / max(1, len(rec.turns)))
+
+        base_rss = _rss_mb()
+        mon = asyncio.create_task(monitor.run())
+        t0 = time.perf_counter()
+        try:
+            specs = episode_specs(tasks, 1, "bench")
+            await run_episodes(runner, specs, concurrency=concurrency, emit=emit)
+        finally:
+            wall = time.perf_counter() - t0
+            mon.cancel()
+            sink.close()
+    figures = {
+        "episodes": episodes,
+        "completed_ok": status.get("ok", 0),
+        "status": status,
+        "wall_s": wall,
+        "turns_per_s": episodes * turns / wall,
+        "loop_lag_p50_ms": _percentile(monitor.lags, 0.5) * 1e3,
+        "loop_lag_p99_ms": _percentile(monitor.lags, 0.99) * 1e3,
+        "rss_base_mb": base_rss,
+        "rss_peak_mb": monitor.peak_rss,
+        "rss_per_episode_kb": (monitor.peak_rss - base_rss) * 1024 / episodes,
+    }
+    return per_turn, figures
+
+
+async def _bench(url: str, model: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    tok = ChatTokenizer(model)
+    turns = args.turns
+    # A request like a mid-episode turn: prompt + one tool round trip.
+    prompt = tok.prompt_ids(NoopEnv().prompt({"id": "b0"}), [noop.schema])
+    prompt += tok.encode('<tool_call>{"name": "noop", "arguments": {"x": 1}}</tool_call>')
+    prompt += tok.delta_ids([{"role": "tool", "name": "noop", "content": "ok"}], [noop.schema])
+    body = completion_body(
+        "instant", prompt, max_tokens=64, temperature=1.0, top_p=1.0, logprobs=1,
+        seed=None, stop=[], stop_token_ids=tok.eos_token_ids,
+    )  # fmt: skip
+    latency: dict[str, Any] = {}
+    for conc in (1, 100):
+        n_turns = args.latency_turns
+        bare = await _bare_latency(url, body, conc, n_turns)
+        per_turn, _ = await _libra_turns(url, tok, tmp / f"lat{conc}.jsonl", conc,
+                                         max(conc, n_turns // turns), turns)  # fmt: skip
+        b50, l50 = statistics.median(bare), statistics.median(per_turn)
+        latency[f"concurrency_{conc}"] = {
+            "bare_http_p50_ms": b50 * 1e3,
+            "libra_turn_p50_ms": l50 * 1e3,
+            "added_p50_ms": (l50 - b50) * 1e3,
+            "bare_http_p99_ms": _percentile(bare, 0.99) * 1e3,
+            "libra_turn_p99_ms": _percentile(per_turn, 0.99) * 1e3,
+        }
+    _, scale = await _libra_turns(
+        url, tok, tmp / "scale.jsonl", args.episodes, args.episodes, turns
+    )
+    return {
+        "latency": latency,
+        "in_flight": scale,
+        "goals": {
+            "added_p50_ms_max": 1.0,
+            "loop_lag_p99_ms_max": 50.0,
+            "met": all(v["added_p50_ms"] <= 1.0 for v in latency.values())
+            and scale["loop_lag_p99_ms"] <= 50.0
+            and scale["completed_ok"] == args.episodes,
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="libra-bench-cp-") as d:
+        tmp = Path(d)
+        if args.model:
+            model = Path(args.model)
+        else:
+            from libra.engine.model_maker import make_model
+
+            model = make_model(tmp / "model", seed=0)
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "libra.bench.instant_server", "--model", str(model),
+             "--port", str(port), "--turns", str(args.turns)],
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait(url, server)
+            result = run_sync(_bench(url, model, args, tmp))
+        finally:
+            server.terminate()
+            server.wait(10)
+    result["turns_per_episode"] = args.turns
+    return result
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"instant server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("instant server did not start in 60 s")
