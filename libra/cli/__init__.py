@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "tools": "libra.cli.registry_cmds",
     "bench": "libra.cli.bench",
     "workload": "libra.cli.workload",
+    "eval-routing": "libra.cli.eval_routing",
     "make-model": "libra.cli.make_model",
 }
 

@@ -10,14 +10,23 @@ from libra.routing.base import (
     default_bounds,
     smallest_fitting,
 )
+from libra.routing.config import RoutingConfig
+from libra.routing.cost import MoveCost, PlannerCost, TPScaledCost
+from libra.routing.factory import POLICIES, make_policy
 
 __all__ = [
+    "POLICIES",
     "Bucket",
     "Decision",
     "EpisodeState",
+    "MoveCost",
+    "PlannerCost",
+    "RoutingConfig",
     "RoutingPolicy",
     "StaticPolicy",
+    "TPScaledCost",
     "ToolState",
     "default_bounds",
+    "make_policy",
     "smallest_fitting",
 ]

@@ -55,6 +55,9 @@ class EpisodeState:
     """Bucket currently serving the episode."""
     turn: int = 0
     """Index of the next turn."""
+    prompt_token_ids: tuple[int, ...] = ()
+    """The rendered prompt's token ids; engines pass them to `on_start` (a length
+    predictor reads them), and may leave them out later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,9 @@ class StaticPolicy:
         return state.bucket
 
     def on_finish(self, record: Any) -> None:
+        return None
+
+    def end_step(self, step: int | None = None) -> None:
         return None
 
 

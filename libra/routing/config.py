@@ -1,0 +1,63 @@
+"""`RoutingConfig`: the options of the routing policies (the `[rollout.routing]` table).
+
+One config serves every policy; a policy ignores the fields that are not its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from libra.config import Config
+
+
+class RoutingConfig(Config):
+    small_payload: int = Field(500, ge=0)
+    """A tool response of at most this many tokens is `small` (reference code default)."""
+    large_payload: int = Field(5_000, ge=0)
+    """Above this many tokens it is `large`; in between, `medium`."""
+    min_samples: int = Field(8, ge=1)
+    """Episodes a tree node needs before C-MLFQ trusts its statistics (fewer: the
+    search falls back to a shallower node or to the pooled tree)."""
+    window: int = Field(256, ge=1)
+    """Episodes per tumbling window of a node's histograms; a node's statistics cover
+    its last one to two windows."""
+    max_nodes: int = Field(200_000, ge=1)
+    """Node cap of the tree; beyond it the least recently updated prompts are evicted."""
+    max_depth: int = Field(64, ge=1)
+    """Tool returns per path the tree keeps; deeper states share the deepest node."""
+    tree_path: Path | None = None
+    """File the C-MLFQ tree is loaded from at start (when it exists) and saved to by
+    `policy.save()`, so what was learned carries across runs."""
+    update: Literal["between-steps", "online"] = "between-steps"
+    """`between-steps` (the paper): finished episodes update the tree when the engine
+    calls `policy.end_step()`; `online`: each one as it finishes."""
+    start: Literal["tree", "smallest"] = "tree"
+    """Where C-MLFQ starts an episode. `smallest` (the paper): the smallest bucket that
+    fits the prompt. `tree`: the same, unless the prompt's root node (or the pooled
+    root) puts both its mean and its P90 total in another bucket."""
+    deadline: bool = True
+    """When the predictions disagree but the episode's next turn will likely outgrow
+    its bucket (and it most likely ends beyond it), move now to the most probable
+    larger bucket instead of waiting for an overflow (docs/cmlfq.md)."""
+    kv_aware: bool = True
+    """C-MLFQ moves only when the move pays for its re-prefill (see docs/cmlfq.md)."""
+    decode_batch: int = Field(32, ge=1)
+    """Concurrent sequences assumed on an instance when the cost model prices a decode
+    step (KV-aware moves)."""
+    history: int = Field(20_000, ge=16)
+    """Finished episodes the length predictor fits on (most recent)."""
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> RoutingConfig:
+        if self.large_payload < self.small_payload:
+            raise ValueError(
+                f"large_payload ({self.large_payload}) must be >= small_payload "
+                f"({self.small_payload})"
+            )
+        return self
+
+
+__all__ = ["RoutingConfig"]
