@@ -26,7 +26,7 @@ from libra.engine.tokenizer_maker import SPECIAL_TOKENS, TAG_TOKENS, train_token
 from libra.errors import ConfigError
 
 # Bump when the folder's contents change, so a cached default model is remade.
-MAKER_VERSION = 1
+MAKER_VERSION = 2
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
 FILES = (
     "config.json",
@@ -61,8 +61,11 @@ class TinyQwen2:
     rms_norm_eps: float = 1e-6
     """RMSNorm epsilon."""
     init_std: float = 0.05
-    """Std of the random init. Larger than a trained model's 0.02 so greedy choices are
-    separated by clear margins (engines that differ in float rounding agree)."""
+    """Std of the random init of the projection matrices."""
+    embed_std: float = 0.15
+    """Std of the embedding and the output layer (untied). Large, so the output
+    distribution is peaked and greedy choices are separated by clear margins: engines
+    that differ in float rounding (embedded, transformers, vLLM, TP=2) agree."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -155,18 +158,22 @@ def _config(s: TinyQwen2, eos: int) -> dict:
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
-        **{k: v for k, v in asdict(s).items() if k != "init_std"},
+        **{k: v for k, v in asdict(s).items() if k not in ("init_std", "embed_std")},
         "head_dim": s.hidden_size // s.num_attention_heads,
         "hidden_act": "silu",
         "initializer_range": s.init_std,
         "attention_dropout": 0.0,
-        "tie_word_embeddings": True,
+        # Untied: vLLM 0.32's in-place weight reload skips a tied lm_head
+        # ("ParallelLMHead: Failed to load weights"), so a tied model would keep its old
+        # output layer after an update.
+        "tie_word_embeddings": False,
         "use_sliding_window": False,
         "sliding_window": None,
         "max_window_layers": s.num_hidden_layers,
         "bos_token_id": None,
         "eos_token_id": eos,
         "torch_dtype": "float32",
+        "dtype": "float32",
         "use_cache": True,
         "libra_maker_version": MAKER_VERSION,
     }
@@ -206,10 +213,10 @@ def _write_weights(path: Path, s: TinyQwen2, seed: int) -> None:
     kv = s.num_key_value_heads * head_dim
     h, m = s.hidden_size, s.intermediate_size
 
-    def normal(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * s.init_std).astype(np.float32)
+    def normal(*shape: int, std: float = s.init_std) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
 
-    tensors = {"model.embed_tokens.weight": normal(s.vocab_size, h)}
+    tensors = {"model.embed_tokens.weight": normal(s.vocab_size, h, std=s.embed_std)}
     for i in range(s.num_hidden_layers):
         p = f"model.layers.{i}."
         tensors |= {
@@ -227,6 +234,7 @@ def _write_weights(path: Path, s: TinyQwen2, seed: int) -> None:
             p + "post_attention_layernorm.weight": np.ones(h, np.float32),
         }
     tensors["model.norm.weight"] = np.ones(h, np.float32)
+    tensors["lm_head.weight"] = normal(s.vocab_size, h, std=s.embed_std)
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 

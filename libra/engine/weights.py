@@ -1,0 +1,89 @@
+"""Load a checkpoint into a running inference endpoint, per endpoint kind.
+
+    await load_weights(session, base_url, "embedded", path)   # libra serve-engine
+    await load_weights(session, base_url, "vllm", path)       # vLLM 0.32, dev mode
+
+vLLM 0.32 has no single "load these weights" call for a folder; with
+`VLLM_SERVER_DEV_MODE=1` (set by `libra.engine.vllm`) its development endpoints do it:
+
+1. `POST /pause?mode=wait` — stop scheduling new requests and let running ones finish
+   (`abort` would drop them, `keep` would resume them later on mixed weights);
+2. `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`
+   — every worker (all TP ranks) reloads its shards in place from the folder
+   (`Worker.reload_weights` -> `model_loader.reload.inplace.reload_weights`);
+3. `POST /reset_prefix_cache` — cached KV blocks were computed by the old weights;
+4. `POST /resume` (also when 2 or 3 failed, so the server never stays paused).
+
+Both kinds give the same guarantee: a response comes from exactly one checkpoint;
+requests that arrive during the update wait and then run on the new weights. The NCCL /
+IPC weight-transfer engines (`/init_weight_transfer_engine`, `/update_weights`) move
+tensors without a disk round trip but need GPUs; a folder reload works everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import aiohttp
+
+from libra.errors import ConfigError, EndpointDown, EndpointError
+
+EndpointKind = Literal["embedded", "vllm"]
+
+
+async def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any] | None = None,
+    timeout_s: float = 60.0,
+) -> Any:
+    """POST; every call here is idempotent, so a dropped keep-alive connection is retried
+    once (vLLM closes the connection after a 500, and the pool would reuse it)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    for attempt in (1, 2):
+        try:
+            async with session.post(url, json=body, timeout=timeout) as r:
+                text = await r.text()
+                if r.status != 200:
+                    raise EndpointError(
+                        f"POST {url}: HTTP {r.status}: {text[:500]}", status=r.status, url=url
+                    )
+                return await r.json(content_type=None) if text else None
+        except aiohttp.ClientConnectionError as e:
+            if attempt == 2:
+                raise EndpointDown(f"POST {url}: {e!r}", url=url) from e
+        except TimeoutError as e:
+            raise EndpointDown(f"POST {url}: no answer in {timeout_s} s", url=url) from e
+    raise AssertionError("unreachable")
+
+
+async def load_weights(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    kind: EndpointKind,
+    path: str,
+    *,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Swap the checkpoint in folder `path` (same architecture) into the endpoint.
+    `timeout_s` bounds the wait for running requests plus the load itself. Raises
+    `EndpointError` (the endpoint refused: e.g. no weights there) or `EndpointDown`."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    if kind == "embedded":
+        body = {"path": path}
+        return dict(await _post(session, f"{base}/v1/load_weights", body, timeout_s))
+    if kind != "vllm":
+        raise ConfigError(f"unknown endpoint kind {kind!r}: expected 'embedded' or 'vllm'")
+    await _post(session, f"{base}/pause?mode=wait", timeout_s=timeout_s)
+    try:
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        await _post(session, f"{base}/collective_rpc", rpc, timeout_s)
+        reset = await _post(session, f"{base}/reset_prefix_cache")
+    finally:
+        await _post(session, f"{base}/resume")
+    return {"status": "ok", "path": path, "prefix_cache_reset": bool((reset or {}).get("success"))}
+
+
+__all__ = ["EndpointKind", "load_weights"]
