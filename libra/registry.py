@@ -21,9 +21,18 @@ from libra.errors import RegistryError
 # Built-ins: id -> "module:object". Add a line when a built-in lands.
 BUILTIN_ENVS: dict[str, str] = {
     "arith": "libra.envs.arith:Arith",
+    "math": "libra.envs.math:Math",
+    "search-qa": "libra.envs.search_qa:SearchQA",
+    "swe-repair": "libra.envs.swe_repair:SweRepair",
 }
 BUILTIN_TOOLS: dict[str, str] = {
+    "bash": "libra.tools.shell:bash",
     "calculator": "libra.envs.arith:calculator",
+    "edit": "libra.tools.files:edit",
+    "python": "libra.tools.shell:python",
+    "search": "libra.tools.search:search",
+    "submit": "libra.tools.submit:submit",
+    "view": "libra.tools.files:view",
 }
 BUILTIN_SANDBOXES: dict[str, str] = {
     "auto": "libra.sandboxes.auto:auto",

@@ -68,6 +68,24 @@ def engine_answers(timeout: float = 2.0) -> str | None:
     return None
 
 
+def _oom_counter_file(api: Any, cid: str) -> Path | None:
+    """memory.oom_control (cgroup v1) or memory.events (v2) of a local container."""
+    try:
+        pid = api.inspect_container(cid)["State"]["Pid"]
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except Exception:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            f = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
+            return f if f.exists() else None
+        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            f = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"
+            return f if f.exists() else None
+    return None
+
+
 class DockerSandbox(ExecFileOps):
     backend = "docker"
 
@@ -75,6 +93,7 @@ class DockerSandbox(ExecFileOps):
         super().__init__(id, spec)
         self._b = backend
         self._oom_seen = 0
+        self._oom_file: Path | bool | None = False  # False: not looked up yet
         self._restart = asyncio.Lock()
 
     async def _exec(
@@ -88,6 +107,7 @@ class DockerSandbox(ExecFileOps):
         max_output: int,
         flood_limit: int,
     ) -> RawExec:
+        ooms = await self._host_ooms()
         async with self._b.exec_slots:
             raw = await self._b.call(
                 exec_stream,
@@ -103,6 +123,8 @@ class DockerSandbox(ExecFileOps):
             )
             if raw.timed_out or raw.flooded:
                 await self._kill_everything()
+            elif ooms is not None:
+                raw.oom_killed = (await self._host_ooms() or 0) > ooms
             elif raw.exit_code == 137:
                 raw.oom_killed = await self._oom_happened()
         if self.closed:
@@ -123,6 +145,21 @@ class DockerSandbox(ExecFileOps):
                 await self._b.call(restart)
             except Exception as e:
                 raise SandboxError(f"sandbox {self.id}: restart after kill failed: {e}") from e
+
+    async def _host_ooms(self) -> int | None:
+        """The container cgroup's OOM-kill counter, read on the host when the engine runs
+        here (None for a remote engine: then `_oom_happened` asks inside)."""
+        if self._oom_file is False:
+            self._oom_file = await self._b.call(_oom_counter_file, self._b.api, self.id)
+        if not isinstance(self._oom_file, Path):
+            return None
+        try:
+            for line in self._oom_file.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return None
 
     async def _oom_happened(self) -> bool:
         raw = await self._b.call(

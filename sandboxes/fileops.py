@@ -29,9 +29,16 @@ def tar_bytes(src: Path, arcname: str) -> bytes:
     """An uncompressed tar of a host file or tree, its top entry named `arcname`."""
     if not src.exists():
         raise FileNotFoundError(f"copy_in: {src} does not exist")
+
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        # Host uids mean nothing inside (and are unmapped in a user namespace).
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(src, arcname=arcname)
+        tar.add(src, arcname=arcname, filter=as_root)
     return buf.getvalue()
 
 
