@@ -123,9 +123,9 @@ class DockerSandbox(ExecFileOps):
             )
             if raw.timed_out or raw.flooded:
                 await self._kill_everything()
-            elif ooms is not None:
+            if ooms is not None:
                 raw.oom_killed = (await self._host_ooms() or 0) > ooms
-            elif raw.exit_code == 137:
+            elif raw.exit_code == 137 and not (raw.timed_out or raw.flooded):
                 raw.oom_killed = await self._oom_happened()
         if self.closed:
             raise SandboxError(f"sandbox {self.id} was closed while a command ran")

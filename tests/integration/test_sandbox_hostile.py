@@ -47,7 +47,7 @@ async def assert_gone(backend: Backend, sb: Sandbox, marker: str) -> None:
 
 async def test_fork_bomb_hits_the_pids_limit(backend: Backend) -> None:
     sb = await backend.create(SPEC)
-    result, marker = await run_script(sb, "bomb() { bomb | bomb & }; bomb; sleep 30\n", timeout=5)
+    result, marker = await run_script(sb, "bomb() { bomb | bomb & }; bomb; sleep 30\n", timeout=10)
     assert result.status in ("timeout", "error")
     assert result.info and result.info["timed_out"] in (True, False)
     assert "can't fork" in result.content or "Resource temporarily unavailable" in result.content
@@ -59,7 +59,7 @@ async def test_fork_bomb_hits_the_pids_limit(backend: Backend) -> None:
 async def test_memory_hog_is_oom_killed(backend: Backend) -> None:
     sb = await backend.create(SPEC)
     result, marker = await run_script(
-        sb, "head -c 400000000 /dev/zero | tail -c 300000000 > /dev/null\necho exit=$?\n"
+        sb, "head -c 400000000 /dev/zero | tail -c 300000000 > /dev/null\necho exit=$?\n", 120
     )
     assert result.info is not None and result.info["oom_killed"]
     assert "exit=137" in result.content  # the hog died by SIGKILL; the script went on
