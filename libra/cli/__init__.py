@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "workload": "libra.cli.workload",
     "eval-routing": "libra.cli.eval_routing",
     "make-model": "libra.cli.make_model",
+    "serve-rollout": "libra.cli.serve_rollout",
     "serve-engine": "libra.cli.serve_engine",
 }
 

@@ -1,0 +1,111 @@
+"""`libra serve-rollout [CONFIG] [flags]`: a standalone rollout fleet behind an HTTP API;
+trajectories stream to any trainer (see README "libra serve-rollout" and docs/service.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from libra.cli.common import parse_pairs
+
+EPILOG = """\
+examples:
+  libra serve-rollout examples/serve-rollout.toml
+  libra serve-rollout --endpoint tp1=http://127.0.0.1:8000 --endpoint tp1=http://127.0.0.1:8001
+  LIBRA_TOKEN=s3cret libra serve-rollout --host 0.0.0.0 --port 8700 \\
+      --env arith --env adder=my_envs.py:Adder --endpoint tp1=http://10.0.0.5:8000
+
+The URL it listens on is printed on stdout once it accepts connections. Without a token
+it binds to loopback only. Records are spooled under --spool (default runs/spool) before
+they are streamed; restarting with the same spool resumes unfinished batches.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name,
+        help="serve rollouts over HTTP: submit batches, stream trajectories",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", nargs="?", help="TOML config (flags override its keys)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1; others need a token)")
+    p.add_argument("--port", type=int, help="TCP port (default 8700; 0 = any free port)")
+    p.add_argument("--token", help="bearer token for every call but /healthz (or $LIBRA_TOKEN)")
+    p.add_argument("--model", help="model folder (default: the tiny default model)")
+    p.add_argument(
+        "--env",
+        action="append",
+        metavar="[NAME=]SPEC",
+        help="host an env: a registered id or file.py:Class (repeatable; default: every "
+        "registered env)",
+    )
+    p.add_argument("--concurrency", type=int, help="episodes in flight across all batches")
+    p.add_argument("--policy", help="routing policy (static, cmlfq, mlfq, predictor)")
+    p.add_argument(
+        "--endpoint", action="append", metavar="BUCKET=URL", help="add an endpoint (repeatable)"
+    )
+    p.add_argument(
+        "--bucket", action="append", metavar="NAME=TP:BOUND", help="declare a bucket (repeatable)"
+    )
+    p.add_argument("--launch", type=int, metavar="N", help="embedded engines to start per bucket")
+    p.add_argument("--endpoint-kind", choices=["auto", "embedded", "vllm"],
+                   help="how POST /v1/weights loads checkpoints (default auto)")  # fmt: skip
+    p.add_argument("--temperature", type=float, help="default sampling temperature")
+    p.add_argument("--max-tokens", type=int, help="default tokens per model turn")
+    p.add_argument("--max-turns", type=int, help="override every env's max_turns")
+    p.add_argument("--max-context", type=int, help="largest total context per episode")
+    p.add_argument("--spool", metavar="DIR", help="spool folder (default runs/spool)")
+    p.add_argument("--fsync", choices=["always", "interval", "never"],
+                   help="spool fsync policy (default always; see docs/service.md)")  # fmt: skip
+    p.add_argument("--on-restart", choices=["rerun", "abort"],
+                   help="unfinished episodes after a restart (default rerun)")  # fmt: skip
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from libra import config as cfgmod
+    from libra.rollout.fleet import merge_bucket_flags
+    from libra.rollout.run import run_sync
+    from libra.service.config import EnvEntry, ServiceConfig
+    from libra.service.server import announce, serve, token_from_env
+
+    logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "model": args.model,
+        "concurrency": args.concurrency,
+        "policy": args.policy,
+        "endpoint_kind": args.endpoint_kind,
+        "sampling.temperature": args.temperature,
+        "sampling.max_tokens": args.max_tokens,
+        "limits.max_turns": args.max_turns,
+        "limits.max_context": args.max_context,
+        "spool.dir": args.spool,
+        "spool.fsync": args.fsync,
+        "spool.on_restart": args.on_restart,
+    }
+    cfg = cfgmod.load(ServiceConfig, args.config, overrides)
+    cfg.token = token_from_env(args.token or cfg.token)
+    if args.env:
+        entries = []
+        for item in args.env:
+            name, sep, spec = item.partition("=")
+            entries.append(EnvEntry(spec=spec, name=name) if sep else EnvEntry(spec=item))
+        cfg.envs = [*cfg.envs, *entries]
+    endpoints = parse_pairs(args.endpoint, "--endpoint", "BUCKET=URL")
+    bucket_flags = parse_pairs(args.bucket, "--bucket", "NAME=TP:BOUND")
+    if endpoints or bucket_flags:
+        cfg.buckets = merge_bucket_flags(cfg.buckets, endpoints, bucket_flags)
+    if args.launch is not None:
+        from libra.endpoints.config import BucketConfig
+
+        if not cfg.buckets:
+            cfg.buckets = [BucketConfig(name="tp1", tp=1)]
+        for b in cfg.buckets:
+            b.launch = args.launch
+    run_sync(serve(cfg, ready=announce))
+    return 0

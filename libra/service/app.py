@@ -1,0 +1,216 @@
+"""The HTTP API of `libra serve-rollout` (DESIGN.md), on aiohttp.
+
+| method | path                                        |                                    |
+|--------|---------------------------------------------|------------------------------------|
+| POST   | /v1/rollouts                                | submit (idempotent by `batch_id`)  |
+| GET    | /v1/rollouts/{id}/trajectories?after=&unit= | NDJSON stream from a cursor        |
+| GET    | /v1/rollouts/{id}                           | status: counts by state            |
+| DELETE | /v1/rollouts/{id}                           | cancel                             |
+| POST   | /v1/weights                                 | load a checkpoint, stamp its version |
+| GET    | /healthz                                    | liveness (no token needed)         |
+| GET    | /metrics                                    | Prometheus text                    |
+
+Every error is JSON `{"error": "..."}` with a 4xx/5xx status and a reason that names the
+fix. With a token, every call but `/healthz` needs `Authorization: Bearer TOKEN`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from libra.config import Config, format_validation_error
+from libra.endpoints.pool import EndpointPool
+from libra.service.config import ServiceConfig, SubmitRequest, WeightsRequest
+from libra.service.errors import RequestError
+from libra.service.manager import BatchManager
+from libra.service.metrics import render
+from libra.service.stream import episode_chunks, group_chunks
+from libra.service.weights import update_all
+
+log = logging.getLogger("libra.service")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+M = TypeVar("M", bound=Config)
+MANAGER = web.AppKey("manager", BatchManager)
+POOL = web.AppKey("pool", EndpointPool)
+CONFIG = web.AppKey("config", ServiceConfig)
+WEIGHTS_LOCK = web.AppKey("weights_lock", asyncio.Lock)
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    resp = _json({"error": message}, status)
+    resp.headers.update(headers)
+    return resp
+
+
+def auth_middleware(token: str | None) -> Any:
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is not None and request.path != "/healthz":
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                why = "wrong bearer token" if got else "missing bearer token"
+                return _error(
+                    401, f"{why}: send the header `Authorization: Bearer TOKEN` with the "
+                    "service's token (--token / LIBRA_TOKEN)",
+                    **{"WWW-Authenticate": 'Bearer realm="libra"'},
+                )  # fmt: skip
+        return await handler(request)
+
+    return check
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as e:
+        return _error(e.status, str(e))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _error(e.status, f"{e.reason}: {request.method} {request.path}" + (
+            f" ({e.text})" if e.text and e.text != f"{e.status}: {e.reason}" else ""))  # fmt: skip
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as e:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+async def _body(request: web.Request, model: type[M]) -> M:
+    raw = await request.read()
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise RequestError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise RequestError(400, f"the body must be a JSON object, got {type(doc).__name__}")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        raise RequestError(400, format_validation_error(e)) from None
+
+
+async def submit(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER]
+    req = await _body(request, SubmitRequest)
+    batch, created = await manager.submit(req)
+    doc = {"batch_id": batch.id, "created": created, "episodes": batch.total}
+    return _json(doc, 201 if created else 200)
+
+
+async def status(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER]
+    return _json(manager.status(manager.get(request.match_info["batch_id"])))
+
+
+async def cancel(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER]
+    batch = await manager.cancel(request.match_info["batch_id"])
+    return _json(manager.status(batch))
+
+
+async def trajectories(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER]
+    raw_after = request.query.get("after", "-1")
+    try:
+        after = int(raw_after)
+    except ValueError:
+        after = -2
+    if after < -1:
+        raise RequestError(
+            400, f"after={raw_after!r}: give the last seq you received (an integer >= -1)"
+        )
+    unit = request.query.get("unit", "episode")
+    if unit not in ("episode", "group"):
+        raise RequestError(400, f"unit={unit!r}: expected 'episode' or 'group'")
+    batch = manager.get(request.match_info["batch_id"])
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "application/x-ndjson",
+            "Cache-Control": "no-store",
+            "X-Libra-Episodes": str(batch.total),
+        }
+    )
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    chunks = episode_chunks(batch, after) if unit == "episode" else group_chunks(batch, after)
+    manager.readers += 1
+    try:
+        async for chunk in chunks:
+            await resp.write(chunk)  # waits while the client is slow: episodes go on
+        await resp.write_eof()
+    finally:
+        manager.readers -= 1
+    return resp
+
+
+async def weights(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER]
+    req = await _body(request, WeightsRequest)
+    try:
+        import libra.engine.weights  # noqa: F401
+    except ImportError:
+        raise RequestError(
+            501, "weight updates need libra.engine.weights (not installed)"
+        ) from None
+    async with request.app[WEIGHTS_LOCK]:
+        kind = request.app[CONFIG].endpoint_kind
+        results = await update_all(request.app[POOL], kind, req.version, req.path)
+        ok = [u for u, r in results.items() if r["status"] == "ok"]
+        for r in results.values():
+            manager.metrics.weight_updates[r["status"]] += 1
+        if ok:
+            await asyncio.to_thread(manager.set_version, req.version)
+    doc = {"version": req.version, "path": req.path, "endpoints": results}
+    if len(ok) < len(results):
+        doc["error"] = f"{len(results) - len(ok)} of {len(results)} endpoints did not load it"
+        return _json(doc, 502)
+    return _json(doc)
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return _json({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER]
+    text = render(manager.metrics, manager, request.app[POOL])
+    ctype = "text/plain; version=0.0.4; charset=utf-8"
+    return web.Response(body=text.encode(), headers={"Content-Type": ctype})
+
+
+def build_app(manager: BatchManager, pool: EndpointPool, config: ServiceConfig) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware(config.token)],
+        client_max_size=int(config.max_request_mb * 2**20),
+    )
+    app[MANAGER] = manager
+    app[POOL] = pool
+    app[CONFIG] = config
+    app[WEIGHTS_LOCK] = asyncio.Lock()
+    app.router.add_post("/v1/rollouts", submit)
+    app.router.add_get("/v1/rollouts/{batch_id}/trajectories", trajectories)
+    app.router.add_get("/v1/rollouts/{batch_id}", status)
+    app.router.add_delete("/v1/rollouts/{batch_id}", cancel)
+    app.router.add_post("/v1/weights", weights)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+__all__ = ["build_app"]

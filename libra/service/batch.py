@@ -1,0 +1,92 @@
+"""One submitted batch: its request (as stored in `batch.json`), episode specs, spool,
+runner and running episode tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from libra.record import Trajectory
+from libra.rollout.episode import EpisodeRunner, EpisodeSpec
+from libra.rollout.tasks import episode_specs, task_id
+from libra.service.errors import RequestError
+from libra.service.spool import Spool
+
+BatchState = Literal["running", "done", "cancelled"]
+
+
+@dataclass(eq=False)
+class Batch:
+    id: str
+    doc: dict[str, Any]
+    """The stored request: env, tasks, group_size, sampling (effective), step, digest."""
+    specs: list[EpisodeSpec]
+    spool: Spool
+    runner: EpisodeRunner | None
+    """None when the batch is terminal (nothing left to run)."""
+    state: BatchState = "running"
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """Running episodes by id."""
+    queued_since: float = field(default_factory=time.monotonic)
+    completing: bool = False
+
+    @property
+    def total(self) -> int:
+        return len(self.specs)
+
+    @property
+    def complete(self) -> bool:
+        return self.spool.written >= self.total
+
+    def missing(self) -> list[EpisodeSpec]:
+        """Specs without a record in the spool, in submit order."""
+        return [s for s in self.specs if s.id not in self.spool.ids]
+
+    def aborted(self, spec: EpisodeSpec, why: str) -> Trajectory:
+        return Trajectory(
+            id=spec.id,
+            batch_id=spec.batch_id,
+            task_id=spec.task_id,
+            group_id=spec.group_id,
+            env=self.doc["env"],
+            step=spec.step,
+            status="aborted",
+            error=why,
+        )
+
+
+def request_digest(doc: dict[str, Any]) -> str:
+    """What makes two submits the same batch (for idempotency): everything but the id."""
+    keys = ("env", "tasks", "group_size", "sampling", "step")
+    blob = orjson.dumps({k: doc.get(k) for k in keys}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()
+
+
+def specs_for(doc: dict[str, Any]) -> list[EpisodeSpec]:
+    return list(episode_specs(doc["tasks"], doc["group_size"], doc["batch_id"], doc["step"]))
+
+
+def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
+    """Unique task ids; every task renders a prompt (else 400 naming the task)."""
+    seen: dict[str, int] = {}
+    for i, task in enumerate(tasks):
+        tid = task_id(task)
+        if tid in seen:
+            raise RequestError(
+                400, f"tasks[{i}] repeats the id {tid!r} of tasks[{seen[tid]}]; ids must be unique"
+            )
+        seen[tid] = i
+        try:
+            prompt(task)
+        except Exception as e:
+            raise RequestError(
+                400, f"tasks[{i}]: the env cannot build a prompt from it: {type(e).__name__}: {e}"
+            ) from None
+
+
+__all__ = ["Batch", "BatchState", "check_tasks", "request_digest", "specs_for"]

@@ -1,0 +1,140 @@
+"""`libra serve-rollout` configuration (one TOML file, keys overridable by flags) and the
+validated body of a submit request."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from libra.config import Config
+from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
+from libra.rollout.config import LimitsConfig
+
+BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""Batch ids name spool folders: letters, digits, `.`, `_`, `-`; no path separators."""
+
+FsyncPolicy = Literal["always", "interval", "never"]
+
+
+class EnvEntry(Config):
+    """An env the service hosts; submits name it by `name`."""
+
+    spec: str
+    """Registered env id (`libra envs`) or a path: `file.py:Class`, `package.module:Class`."""
+    name: str | None = None
+    """What submits call it. Default: `spec`."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the env's constructor."""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.spec
+
+
+class SpoolConfig(Config):
+    """The durable spool: one folder per batch under `dir` (the submit request, then
+    every finished record as one JSONL line, appended before it is streamed)."""
+
+    dir: str = "runs/spool"
+    """Where batch folders live (relative paths are under the working directory)."""
+    fsync: FsyncPolicy = "always"
+    """`always`: a record is streamed only after it is on disk (group commit: one fsync
+    covers every record written meanwhile); exactly-once holds across a machine crash.
+    `interval`: records stream once written to the OS (they survive a crash of the
+    service, not of the machine); an fsync every `fsync_interval_s`. `never`: the OS
+    decides when to write back."""
+    fsync_interval_s: float = Field(1.0, gt=0)
+    """Period of the background fsync under `fsync = "interval"`."""
+    on_restart: Literal["rerun", "abort"] = "rerun"
+    """What a restarted service does with episodes of unfinished batches that have no
+    record yet: run them again (same ids), or record them `aborted`."""
+
+
+class ServiceConfig(Config):
+    """A rollout fleet behind the HTTP API of DESIGN.md."""
+
+    host: str = "127.0.0.1"
+    """Address to bind. Anything but loopback needs a token."""
+    port: int = Field(8700, ge=0, le=65535)
+    """TCP port (0 = a free one, printed at start)."""
+    token: str | None = None
+    """Bearer token every call but `/healthz` must carry. Default: `$LIBRA_TOKEN`."""
+    model: str | None = None
+    """Model folder (tokenizer, chat template). Default: the tiny default model."""
+    envs: list[EnvEntry] = Field(default_factory=list)
+    """Envs submits may name. Default: every registered env id (`libra envs`), each
+    loaded on first use; paths (`file.py:Class`) must be listed here."""
+    concurrency: int = Field(64, ge=1)
+    """Episodes in flight across all batches; the rest wait, admitted fairly."""
+    policy: str = "static"
+    """Routing policy (`static`, or one registered in `libra.routing`); one instance per
+    env, shared by that env's batches."""
+    routing: dict[str, Any] = Field(default_factory=dict)
+    """Options of the routing policy."""
+    buckets: list[BucketConfig] = Field(default_factory=list)
+    """Buckets in order of their bound. Default: one bucket `tp1` with one launched
+    embedded engine."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Defaults for a submit's `sampling` (it overrides keys it names)."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    endpoint_kind: Literal["auto", "embedded", "vllm"] = "auto"
+    """How `POST /v1/weights` loads a checkpoint: `embedded` (`libra serve-engine`),
+    `vllm` (dev-mode pause / reload / reset / resume), or `auto` (from `/v1/models`)."""
+    spool: SpoolConfig = Field(default_factory=SpoolConfig)
+    max_request_mb: float = Field(64.0, gt=0)
+    """Largest request body accepted (a submit carries its tasks inline)."""
+    max_episodes_per_batch: int = Field(100_000, ge=1)
+    """Largest batch (tasks x group_size) one submit may ask for."""
+
+
+class SubmitRequest(Config):
+    """`POST /v1/rollouts` body."""
+
+    env: str
+    """Name of a hosted env."""
+    tasks: list[dict[str, Any]] = Field(min_length=1)
+    """Task objects, inline; each becomes `group_size` episodes."""
+    group_size: int = Field(1, ge=1, le=4096)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling for this batch; keys it names override the service's `[sampling]`."""
+    batch_id: str | None = None
+    """Idempotency key: resubmitting the same id returns the existing batch."""
+    step: int | None = Field(None, ge=0)
+    """Policy version stamped on records. Default: the last `POST /v1/weights` version."""
+
+    @field_validator("batch_id")
+    @classmethod
+    def _batch_id(cls, v: str | None) -> str | None:
+        if v is not None and not BATCH_ID.match(v):
+            raise ValueError(
+                "must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return v
+
+    def sampling_over(self, base: SamplingConfig) -> SamplingConfig:
+        """The service defaults with the keys this request names."""
+        named = self.sampling.model_dump(include=self.sampling.model_fields_set)
+        return base.model_copy(update=named)
+
+
+class WeightsRequest(Config):
+    """`POST /v1/weights` body."""
+
+    version: int = Field(ge=0)
+    """Policy version stamped on turns served after the load."""
+    path: str
+    """Checkpoint folder, as the endpoints see it."""
+
+
+__all__ = [
+    "BATCH_ID",
+    "EnvEntry",
+    "ServiceConfig",
+    "SpoolConfig",
+    "SubmitRequest",
+    "WeightsRequest",
+]

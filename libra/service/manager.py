@@ -1,0 +1,318 @@
+"""The batch manager: submits, fair admission under one concurrency bound, the spool,
+cancel, and recovery after a restart.
+
+One admission task hands free slots to episodes (`FairQueue`: the batch with the fewest
+episodes running goes first). Every episode task belongs to the manager's TaskGroup.
+A finished record goes to its batch's spool first; streams read it from there, so
+they never hold an episode up. Cancelling a batch records its queued episodes and its
+running ones (cancelled mid-turn) as `aborted`; stopping the service records nothing
+for running episodes: a restarted service runs them again under the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from libra.chat import ChatTokenizer
+from libra.endpoints.config import SamplingConfig
+from libra.endpoints.pool import EndpointPool
+from libra.record import Trajectory
+from libra.rollout.episode import EpisodeRunner, EpisodeSpec
+from libra.service.batch import Batch, check_tasks, request_digest, specs_for
+from libra.service.config import ServiceConfig, SubmitRequest
+from libra.service.envs import EnvHost
+from libra.service.errors import RequestError
+from libra.service.fair import FairQueue
+from libra.service.metrics import Metrics
+from libra.service.spool import Spool, Syncer, write_json_atomic
+
+log = logging.getLogger("libra.service")
+
+
+class BatchManager:
+    def __init__(
+        self,
+        *,
+        config: ServiceConfig,
+        pool: EndpointPool,
+        tokenizer: ChatTokenizer,
+        max_context: int,
+        envs: EnvHost,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.config = config
+        self.pool = pool
+        self.tok = tokenizer
+        self.max_context = max_context
+        self.envs = envs
+        self.clock = clock
+        self.root = Path(config.spool.dir)
+        self.fair: FairQueue[EpisodeSpec] = FairQueue()
+        self.batches: dict[str, Batch] = {}
+        self.metrics = Metrics()
+        self.syncer = Syncer(config.spool.fsync, config.spool.fsync_interval_s)
+        self.version = 0
+        """Policy version of the last weight update (default `step` of new batches)."""
+        self.readers = 0
+        self._terminal: set[str] = set()
+        """Finished batches on disk, loaded when first asked for."""
+        self._slots = asyncio.Semaphore(config.concurrency)
+        self._work = asyncio.Event()
+        self._submit_lock = asyncio.Lock()
+        self._tg: asyncio.TaskGroup | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+    async def run(self) -> None:
+        """Admit and run episodes until cancelled (the service stops)."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                tg.create_task(self.syncer.run(), name="libra-spool-syncer")
+                tg.create_task(self._admit(tg), name="libra-admission")
+                for b in list(self.batches.values()):
+                    self._check_complete(b)
+        finally:
+            self._tg = None
+            for b in self.batches.values():
+                spool = b.spool
+                if self.config.spool.fsync != "never" and not spool.closed:
+                    spool.sync()
+                spool.release()
+
+    def active(self) -> list[Batch]:
+        return [b for b in self.batches.values() if not b.complete]
+
+    def recover(self, kept_urls: list[str] | None = None) -> None:
+        """Pick up the spool: resume unfinished batches, list finished ones.
+
+        The last weight version is restored for `kept_urls` (default: every endpoint):
+        endpoints that outlived the service still hold those weights; engines the
+        service launched itself start from the base model (version 0)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        weights = self.root / "weights.json"
+        if weights.is_file():
+            self.version = int(orjson.loads(weights.read_bytes())["version"])
+            self.pool.set_version(self.version, kept_urls)
+        for folder in sorted(p for p in self.root.iterdir() if (p / "batch.json").is_file()):
+            state = _read_state(folder)
+            if state.get("complete"):
+                self._terminal.add(folder.name)
+                continue
+            doc = orjson.loads((folder / "batch.json").read_bytes())
+            batch = self._open(doc, state.get("state", "running"))
+            missing = batch.missing()
+            why = None
+            if batch.state == "cancelled":
+                why = "cancelled"
+            elif batch.runner is None:
+                why = f"env {doc['env']!r} is not hosted by the restarted service"
+            elif self.config.spool.on_restart == "abort":
+                why = "the service restarted before the episode finished"
+            if why is not None:
+                for spec in missing:
+                    self._finish(batch, batch.aborted(spec, why))
+            else:
+                self.fair.push(batch.id, missing)
+                self._work.set()
+            log.warning(
+                "resumed batch %s: %d of %d episodes to %s",
+                batch.id, len(missing), batch.total, "record aborted" if why else "run again",
+            )  # fmt: skip
+
+    def _open(self, doc: dict[str, Any], state: Any) -> Batch:
+        folder = self.root / doc["batch_id"]
+        spool = Spool(
+            folder, doc["group_size"], durable_publish=self.config.spool.fsync == "always"
+        )
+        runner = None
+        if state == "running" and doc["env"] in self.envs.names():
+            runner = self._runner(doc)
+        batch = Batch(doc["batch_id"], doc, specs_for(doc), spool, runner, state=state)
+        self.batches[batch.id] = batch
+        return batch
+
+    def _runner(self, doc: dict[str, Any]) -> EpisodeRunner:
+        return EpisodeRunner(
+            env=self.envs.get(doc["env"]),
+            env_name=doc["env"],
+            tokenizer=self.tok,
+            pool=self.pool,
+            policy=self.envs.policy(doc["env"]),
+            sampling=SamplingConfig.model_validate(doc["sampling"]),
+            limits=self.config.limits,
+            max_context=self.max_context,
+        )
+
+    # --- the API -----------------------------------------------------------------------
+    def get(self, batch_id: str) -> Batch:
+        batch = self.batches.get(batch_id)
+        if batch is None and batch_id in self._terminal:
+            folder = self.root / batch_id
+            doc = orjson.loads((folder / "batch.json").read_bytes())
+            batch = self._open(doc, _read_state(folder).get("state", "done"))
+            batch.spool.close()
+            self._terminal.discard(batch_id)
+        if batch is None:
+            raise RequestError(404, f"no batch {batch_id!r} here; submit it with POST /v1/rollouts")
+        return batch
+
+    def known(self, batch_id: str) -> bool:
+        return batch_id in self.batches or batch_id in self._terminal
+
+    async def submit(self, req: SubmitRequest) -> tuple[Batch, bool]:
+        """Create the batch (stored before this returns), or return the one with this
+        id when the request is the same (idempotent); 409 when it differs."""
+        async with self._submit_lock:
+            digest = request_digest(req.model_dump(mode="json"))
+            batch_id = req.batch_id or uuid.uuid4().hex[:16]
+            if self.known(batch_id):
+                batch = self.get(batch_id)
+                if batch.doc["digest"] != digest:
+                    raise RequestError(
+                        409, f"batch {batch_id!r} exists with a different request; "
+                        "use a new batch_id (or resubmit the same body to get this one)",
+                    )  # fmt: skip
+                return batch, False
+            env = self.envs.get(req.env)
+            n = len(req.tasks) * req.group_size
+            if n > self.config.max_episodes_per_batch:
+                raise RequestError(
+                    400, f"{len(req.tasks)} tasks x group_size {req.group_size} = {n} episodes; "
+                    f"this service takes at most {self.config.max_episodes_per_batch} per batch",
+                )  # fmt: skip
+            check_tasks(req.tasks, env.prompt)
+            doc = {
+                "batch_id": batch_id,
+                "env": req.env,
+                "tasks": req.tasks,
+                "group_size": req.group_size,
+                "sampling": req.sampling_over(self.config.sampling).model_dump(mode="json"),
+                "step": self.version if req.step is None else req.step,
+                "digest": digest,
+                "created": time.time(),
+            }
+            folder = self.root / batch_id
+            await asyncio.to_thread(_create, folder, doc)
+            batch = self._open(doc, "running")
+            batch.queued_since = self.clock()
+            self.fair.push(batch.id, batch.specs)
+            self._work.set()
+            return batch, True
+
+    async def cancel(self, batch_id: str) -> Batch:
+        """Queued episodes are recorded `aborted` at once, running ones as they stop."""
+        batch = self.get(batch_id)
+        if batch.state != "running" or batch.complete:
+            return batch
+        batch.state = "cancelled"
+        state = {"state": "cancelled", "complete": False}
+        await asyncio.to_thread(write_json_atomic, batch.spool.folder / "state.json", state)
+        for spec in self.fair.drop(batch.id):
+            self._finish(batch, batch.aborted(spec, "cancelled before it started"))
+        for task in batch.tasks.values():
+            task.cancel()
+        self._check_complete(batch)
+        return batch
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+        write_json_atomic(self.root / "weights.json", {"version": version})
+
+    def status(self, batch: Batch) -> dict[str, Any]:
+        counts = {"queued": self.fair.pending(batch.id) if batch.state == "running" else 0}
+        counts["running"] = len(batch.tasks)
+        for s in ("ok", "error", "timeout", "truncated", "aborted"):
+            counts[s] = batch.spool.status.get(s, 0)
+        return {
+            "batch_id": batch.id,
+            "env": batch.doc["env"],
+            "state": batch.state if batch.state != "running" or not batch.complete else "done",
+            "episodes": batch.total,
+            "groups": len(batch.doc["tasks"]),
+            "group_size": batch.doc["group_size"],
+            "step": batch.doc["step"],
+            "finished": batch.spool.written,
+            "streamable": batch.spool.visible,
+            "counts": counts,
+        }
+
+    # --- episodes ----------------------------------------------------------------------
+    async def _admit(self, tg: asyncio.TaskGroup) -> None:
+        while True:
+            await self._slots.acquire()
+            while (item := self.fair.pop()) is None:
+                self._work.clear()
+                await self._work.wait()
+            batch = self.batches[item[0]]
+            spec = item[1]
+            waited = self.clock() - batch.queued_since
+            batch.tasks[spec.id] = tg.create_task(
+                self._episode(batch, spec, waited), name=f"episode:{spec.id}"
+            )
+
+    async def _episode(self, batch: Batch, spec: EpisodeSpec, waited: float) -> None:
+        def on_abort(record: Trajectory) -> None:
+            if batch.state == "cancelled":  # else the service is stopping: run it again later
+                self._finish(batch, record)
+
+        assert batch.runner is not None
+        try:
+            record = await batch.runner.run(spec, admitted_after_s=waited, on_abort=on_abort)
+        except Exception as e:  # a bug must not take the service down with it
+            log.exception("episode %s raised", spec.id)
+            record = batch.aborted(spec, f"internal error: {type(e).__name__}: {e}")
+            record.status = "error"
+        finally:
+            batch.tasks.pop(spec.id, None)
+            self.fair.release(batch.id)
+            self._slots.release()
+        self._finish(batch, record)
+
+    def _finish(self, batch: Batch, record: Trajectory) -> None:
+        if record.id in batch.spool.ids:
+            log.error("episode %s finished twice; keeping the first record", record.id)
+            return
+        batch.spool.append(record)
+        self.syncer.touched(batch.spool)
+        self.metrics.add(record)
+        if batch.runner is not None:
+            try:
+                batch.runner.policy.on_finish(record)
+            except Exception:
+                log.exception("routing policy failed to learn from %s", record.id)
+        self._check_complete(batch)
+
+    def _check_complete(self, batch: Batch) -> None:
+        if batch.complete and not batch.completing and self._tg is not None:
+            batch.completing = True
+            self._tg.create_task(self._complete(batch), name=f"complete:{batch.id}")
+
+    async def _complete(self, batch: Batch) -> None:
+        await self.syncer.settle(batch.spool)
+        if batch.state == "running":
+            batch.state = "done"
+        state = {"state": batch.state, "complete": True}
+        await asyncio.to_thread(write_json_atomic, batch.spool.folder / "state.json", state)
+        batch.spool.close()
+        batch.runner = None
+
+
+def _read_state(folder: Path) -> dict[str, Any]:
+    path = folder / "state.json"
+    return dict(orjson.loads(path.read_bytes())) if path.is_file() else {}
+
+
+def _create(folder: Path, doc: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / "batch.json", doc)
+
+
+__all__ = ["BatchManager"]

@@ -1,0 +1,135 @@
+"""`serve(config)`: the whole `libra serve-rollout` process.
+
+Start-up order: model and tokenizer, envs (configured ones load now), buckets and the
+endpoint pool (embedded engines launched when a bucket asks), the spool (unfinished
+batches resume), then the HTTP listener. Shut-down (SIGINT / SIGTERM) in reverse: the
+listener first (open streams are cut, so clients reconnect instead of taking them for
+complete), then running episodes (not recorded; a restart runs them again), the spool
+(fsynced), the pool and launched engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from aiohttp import web
+
+from libra.chat import ChatTokenizer
+from libra.endpoints.config import BucketConfig
+from libra.endpoints.launch import Launched
+from libra.endpoints.pool import EndpointPool
+from libra.errors import ConfigError
+from libra.rollout.fleet import resolve_buckets
+from libra.rollout.run import model_context, resolve_model
+from libra.service.app import build_app
+from libra.service.config import ServiceConfig
+from libra.service.envs import EnvHost
+from libra.service.manager import BatchManager
+
+log = logging.getLogger("libra.service")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(config: ServiceConfig) -> None:
+    if not config.token and not is_loopback(config.host):
+        raise ConfigError(
+            f"refusing to listen on {config.host} without a token: anyone who can reach it "
+            "could run episodes; pass --token (or set LIBRA_TOKEN), or bind 127.0.0.1"
+        )
+
+
+async def serve(
+    config: ServiceConfig,
+    *,
+    ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the service until SIGINT/SIGTERM (or `stop` is set). `ready(url)` is called
+    once the listener accepts connections."""
+    check_exposure(config)
+    model_dir = resolve_model(config.model)
+    tokenizer = ChatTokenizer(model_dir)
+    max_context = config.limits.max_context or model_context(model_dir)
+    if max_context is None:
+        raise ConfigError(
+            f"{model_dir}/config.json has no max_position_embeddings; set limits.max_context"
+        )
+    bucket_cfgs = list(config.buckets) or [BucketConfig(name="tp1", tp=1, launch=1)]
+    buckets = resolve_buckets(bucket_cfgs, max_context)
+    envs = EnvHost(config.envs, buckets, config.policy, config.routing)
+    urls = {b.name: list(b.endpoints) for b in bucket_cfgs}
+    launch = {b.name: b.launch for b in bucket_cfgs}
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        if any(launch.values()):
+            started = await stack.enter_async_context(Launched(model_dir, launch))
+            for name, extra in started.items():
+                urls[name] += extra
+        pool = EndpointPool([(b, urls[b.name]) for b in buckets], config.endpoint)
+        await stack.enter_async_context(pool)
+        manager = BatchManager(
+            config=config, pool=pool, tokenizer=tokenizer, max_context=max_context, envs=envs
+        )
+        manager.recover(kept_urls=[u for b in bucket_cfgs for u in b.endpoints])
+        # Short shutdown timeout: open streams wait on the spool and would hold a stop up.
+        app = build_app(manager, pool, config)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+            try:
+                await site.start()
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot listen on {config.host}:{config.port}: {e.strerror}; "
+                    "pick another --port (0 = any free one)"
+                ) from None
+            host, port = runner.addresses[0][:2]
+            url = f"http://{host}:{port}"
+            if ready is not None:
+                ready(url)
+            async with asyncio.TaskGroup() as tg:
+                work = tg.create_task(manager.run(), name="libra-batches")
+                await stop.wait()
+                await runner.cleanup()  # no new requests; open streams are cut
+                running = manager.fair.running()
+                work.cancel()
+            print(
+                f"libra serve-rollout: stopped; {running} running episodes were interrupted "
+                "(a restart on the same spool runs them again)",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+        finally:
+            await runner.cleanup()
+
+
+def announce(url: str) -> None:
+    """One line on stderr (and the URL alone on stdout, for scripts)."""
+    print(f"libra serve-rollout: listening on {url}", file=sys.stderr, flush=True)
+    print(url, flush=True)
+
+
+def token_from_env(flag: str | None) -> str | None:
+    return flag or os.environ.get("LIBRA_TOKEN") or None
+
+
+__all__ = ["announce", "check_exposure", "is_loopback", "serve", "token_from_env"]

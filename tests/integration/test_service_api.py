@@ -1,0 +1,184 @@
+"""`libra serve-rollout` HTTP API against a real service process: auth, validation with
+reasons, idempotent submit, group streams and cursors, cancel, slow readers, fairness,
+metrics. Endpoints are fake vLLM servers (tests/fakes); everything of Libra's is real."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from libra.envs.arith import make_tasks
+
+from libra.client import AsyncClient, ServiceError
+from tests.conftest import ROOT
+from tests.integration.service_util import Service
+
+TOKEN = "api-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def services() -> Iterator[list[Service]]:
+    made: list[Service] = []
+    yield made
+    for s in made:
+        s.kill()
+
+
+async def call(method: str, url: str, body: Any = None, raw: bytes | None = None,
+               headers: dict[str, str] | None = None) -> tuple[int, Any]:  # fmt: skip
+    data = raw if raw is not None else (orjson.dumps(body) if body is not None else None)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, url, data=data, headers=AUTH if headers is None else headers) as r,
+    ):
+        text = await r.read()
+        try:
+            return r.status, orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return r.status, text.decode()
+
+
+async def test_token_validation_and_idempotent_submit(
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+) -> None:
+    url, _ = spawn_fake()
+    svc = Service(tmp_path, tiny_model, [url], "--token", TOKEN, "--env", "arith")
+    services.append(svc)
+    base = svc.start()
+    tasks = make_tasks(3)
+    ok_body = {"env": "arith", "tasks": tasks, "group_size": 2, "batch_id": "b1"}
+
+    # 401 without the token or with a wrong one, on every path but /healthz.
+    for path in ("/v1/rollouts/b1", "/metrics", "/v1/rollouts/b1/trajectories"):
+        status, doc = await call("GET", base + path, headers={})
+        assert status == 401 and "missing bearer token" in doc["error"], (path, doc)
+    status, doc = await call("POST", base + "/v1/rollouts", ok_body,
+                             headers={"Authorization": "Bearer nope"})  # fmt: skip
+    assert status == 401 and "wrong bearer token" in doc["error"]
+    assert (await call("GET", base + "/healthz", headers={}))[0] == 200
+
+    # 400 with a reason for malformed bodies; unknown envs name the hosted ones.
+    bad: list[tuple[Any, str]] = [
+        (b"{not json", "the body is not valid JSON"),
+        ([1, 2], "the body must be a JSON object, got list"),
+        ({"tasks": tasks}, "env: Field required"),
+        ({"env": "arith", "tasks": []}, "tasks: List should have at least 1 item"),
+        ({"env": "nope", "tasks": tasks}, "unknown env 'nope'; this service hosts: arith"),
+        ({**ok_body, "group_size": 0}, "group_size: Input should be greater than or equal to 1"),
+        ({**ok_body, "sampling": {"temprature": 1}}, "sampling.temprature: unknown key"),
+        ({**ok_body, "sampling": {"top_p": 2}}, "sampling.top_p: Input should be less than"),
+        ({**ok_body, "batch_id": "../etc"}, "batch_id: Value error, must be 1-128 characters"),
+        ({**ok_body, "colour": "red"}, "colour: unknown key"),
+        ({"env": "arith", "tasks": [{"q": 1}]}, "tasks[0]: the env cannot build a prompt"),
+        ({"env": "arith", "tasks": [tasks[0], tasks[0]]}, "tasks[1] repeats the id"),
+    ]
+    for body, reason in bad:
+        raw = body if isinstance(body, bytes) else None
+        status, doc = await call("POST", base + "/v1/rollouts", None if raw else body, raw=raw)
+        assert status == 400 and reason in doc["error"], (body, doc)
+    status, doc = await call("GET", base + "/v1/rollouts/b1/trajectories")
+    assert status == 404 and "no batch 'b1'" in doc["error"]
+
+    # Submit is idempotent by batch_id; a different body under the same id is a conflict.
+    status, doc = await call("POST", base + "/v1/rollouts", ok_body)
+    assert status == 201 and doc == {"batch_id": "b1", "created": True, "episodes": 6}
+    status, doc = await call("POST", base + "/v1/rollouts", ok_body)
+    assert status == 200 and doc == {"batch_id": "b1", "created": False, "episodes": 6}
+    status, doc = await call("POST", base + "/v1/rollouts", {**ok_body, "group_size": 3})
+    assert status == 409 and "exists with a different request" in doc["error"]
+    for query, reason in [("after=x", "after='x'"), ("after=-2", "after='-2'"),
+                          ("unit=task", "unit='task'")]:  # fmt: skip
+        status, doc = await call("GET", base + f"/v1/rollouts/b1/trajectories?{query}")
+        assert status == 400 and reason in doc["error"], doc
+
+    async with AsyncClient(base, token=TOKEN) as c:
+        recs = [r async for r in c.trajectories("b1")]
+        assert sorted(r.id for r in recs) == sorted(
+            f"b1/{t['id']}/{k}" for t in tasks for k in range(2)
+        )
+        with pytest.raises(ServiceError, match="HTTP 400: unknown env 'math'"):
+            await c.submit("math", tasks)
+    assert (await call("GET", base + "/v1/rollouts/b1"))[1]["state"] == "done"
+
+    # Metrics: Prometheus text with the batch's episodes and both endpoints' health.
+    status, text = await call("GET", base + "/metrics")
+    assert status == 200
+    assert 'libra_episodes_finished_total{state="ok"} 6' in text
+    assert f'libra_endpoint_up{{bucket="tp1",url="{url}"}} 1' in text
+    assert "libra_model_tokens_total" in text and 'libra_episodes{state="queued"} 0' in text
+
+    # Without a token the service refuses to listen beyond loopback: one line, exit 2.
+    res = subprocess.run(
+        [sys.executable, "-m", "libra", "serve-rollout", "--model", str(tiny_model),
+         "--host", "0.0.0.0", "--endpoint", f"tp1={url}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )  # fmt: skip
+    assert res.returncode == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("libra: error: refusing to listen on 0.0.0.0 without a token")
+
+
+async def test_groups_cursor_cancel_slow_reader_and_fairness(
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+) -> None:
+    url, _ = spawn_fake(delay=0.05)
+    svc = Service(tmp_path, tiny_model, [url], "--concurrency", "4")
+    services.append(svc)
+    base = svc.start()
+    async with AsyncClient(base) as c:
+        # A big batch, then a small one: the small one gets its fair share of the 4 slots
+        # at once and finishes long before the big one.
+        big = await c.submit("arith", make_tasks(40, seed=1), group_size=4, batch_id="big")
+        # A reader that opens the big batch's stream and never reads: it must not stall.
+        host, port = base.removeprefix("http://").split(":")
+        stalled = socket.create_connection((host, int(port)))
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(f"GET /v1/rollouts/{big}/trajectories HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        small = await c.submit("arith", make_tasks(4, seed=2), group_size=2, batch_id="small")
+        groups = [g async for g in c.groups(small)]
+        big_status = await c.status(big)
+        assert big_status["finished"] < 160 - 40, big_status  # the small one did not wait
+        assert len(groups) == 4 and all(len(g.records) == 2 for g in groups)
+        for g in groups:
+            assert {r.group_id for r in g.records} == {g.group_id}
+            assert g.group_id == f"small/{g.task_id}" and g.seq == max(r.seq for r in g.records)
+        assert sorted(g.seq for g in groups) == [g.seq for g in groups]
+        # Resume from a cursor: only groups completed after it.
+        later = [g async for g in c.groups(small, after=groups[1].seq)]
+        assert [g.group_id for g in later] == [g.group_id for g in groups[2:]]
+        eps = [r async for r in c.trajectories(small, after=3)]
+        assert [r.seq for r in eps] == [4, 5, 6, 7]
+
+        # Cancel the big batch: queued episodes and running ones end `aborted`; the
+        # stream still carries every episode exactly once and ends.
+        doc = await c.cancel(big)
+        assert doc["state"] == "cancelled"
+        recs = [r async for r in c.trajectories(big)]
+        assert Counter(r.id for r in recs).most_common(1)[0][1] == 1 and len(recs) == 160
+        statuses = Counter(r.status for r in recs)
+        assert statuses["aborted"] > 0 and statuses["ok"] + statuses["aborted"] == 160
+        aborted = Counter(r.error for r in recs if r.status == "aborted")
+        assert set(aborted) == {"cancelled", "cancelled before it started"}, aborted
+        assert aborted["cancelled"] <= 4  # the running ones (concurrency 4), cut mid-episode
+        for r in recs:
+            if r.error == "cancelled":  # partial: what it had when it was cut
+                assert r.prompt_tokens == len(r.prompt_token_ids)
+                assert r.total_tokens == r.prompt_tokens + len(r.response_token_ids)
+            if r.error == "cancelled before it started":
+                assert not r.prompt_token_ids and not r.turns
+        final = await c.status(big)
+        assert final["counts"]["aborted"] == statuses["aborted"] and final["finished"] == 160
+        assert (await c.cancel(big))["state"] == "cancelled"  # cancel is idempotent
+        stalled.close()
+        await asyncio.sleep(0)

@@ -1,0 +1,30 @@
+"""`libra.client`'s public surface, and a client / service import stays free of torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import libra.client
+
+
+def test_client_surface() -> None:
+    assert sorted(libra.client.__all__) == ["AsyncClient", "Client", "Group", "ServiceError"]
+    for name in libra.client.__all__:
+        assert hasattr(libra.client, name)
+    assert issubclass(libra.client.ServiceError, libra.LibraError)
+
+
+def test_client_and_service_import_without_torch() -> None:
+    code = (
+        "import sys, libra.client, libra.service.server; "
+        "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_only_answers_meaning_later_are_retried() -> None:
+    err = libra.client.ServiceError
+    assert err("unreachable").retriable and err("busy", 503).retriable
+    assert not err("bad body", 400).retriable and not err("load failed", 502).retriable

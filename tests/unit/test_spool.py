@@ -1,0 +1,111 @@
+"""The durable spool (libra.service.spool): append, index, visibility under the fsync
+policy, recovery after a crash (torn tail cut, corruption refused), streams from a
+cursor (libra.service.stream)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from libra.record import Trajectory
+from libra.service.batch import Batch, specs_for
+from libra.service.spool import Spool, SpoolCorrupt, Syncer
+from libra.service.stream import episode_chunks, group_chunks
+
+
+def rec(i: int, group: int | None = None, status: str = "ok") -> Trajectory:
+    g = i // 2 if group is None else group
+    return Trajectory(id=f"b/t{g}/{i % 2}", batch_id="b", task_id=f"t{g}", group_id=f"b/t{g}",
+                      env="arith", status=status, response_token_ids=list(range(i)))  # fmt: skip
+
+
+def test_append_sets_seq_and_reads_back_exact_lines(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, group_size=2, durable_publish=False)
+    records = [rec(i) for i in range(5)]
+    assert [sp.append(r) for r in records] == [0, 1, 2, 3, 4]
+    assert sp.visible == 5  # not durable-publish: visible once written to the OS
+    assert sp.read_lines(1, 3) == b"".join(r.to_json() + b"\n" for r in records[1:4])
+    assert Trajectory.from_json(sp.read_line(4)).seq == 4
+    assert sp.group_done == [(1, "b/t0"), (3, "b/t1")]  # t2 has one sample of two
+    with pytest.raises(ValueError, match="already has a record"):
+        sp.append(rec(0))
+
+
+async def test_durable_publish_makes_records_visible_only_after_fsync(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, group_size=2, durable_publish=True)
+    syncer = Syncer("always", 1.0)
+    sp.append(rec(0))
+    sp.append(rec(1))
+    syncer.touched(sp)
+    assert sp.written == 2 and sp.visible == 0  # written, not yet on disk: not streamed
+    await syncer.flush()
+    assert sp.synced == 2 and sp.visible == 2
+
+
+def test_restart_recovers_the_index_and_continues_the_seq(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, group_size=2, durable_publish=False)
+    for i in range(3):
+        sp.append(rec(i, status="ok" if i else "error"))
+    sp.release()
+    again = Spool(tmp_path, group_size=2, durable_publish=True)
+    assert again.written == again.visible == 3
+    assert again.ids == {"b/t0/0": 0, "b/t0/1": 1, "b/t1/0": 2}
+    assert again.status == {"ok": 2, "error": 1} and again.group_done == [(1, "b/t0")]
+    assert again.append(rec(3)) == 3 and again.group_done[-1] == (3, "b/t1")
+
+
+@pytest.mark.parametrize("tail", [b'{"id": "b/t1/1", "se', b"\x00\x00\x00\n", b'{"seq": 3}\n{"i'])
+def test_a_torn_tail_is_cut_off(tmp_path: Path, tail: bytes) -> None:
+    sp = Spool(tmp_path, group_size=2, durable_publish=False)
+    for i in range(3):
+        sp.append(rec(i))
+    sp.release()
+    path = tmp_path / "records.jsonl"
+    good = path.read_bytes()
+    path.write_bytes(good + tail)
+    again = Spool(tmp_path, group_size=2, durable_publish=False)
+    assert again.written == 3 and path.read_bytes() == good
+    again.append(rec(3))
+    assert [orjson.loads(x)["seq"] for x in path.read_bytes().splitlines()] == [0, 1, 2, 3]
+
+
+def test_a_bad_line_in_the_middle_is_refused_with_its_place(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, group_size=2, durable_publish=False)
+    for i in range(3):
+        sp.append(rec(i))
+    sp.release()
+    path = tmp_path / "records.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"garbage\n" + lines[2])
+    with pytest.raises(SpoolCorrupt, match=r"records.jsonl:2: not the record with seq 1"):
+        Spool(tmp_path, group_size=2, durable_publish=False)
+
+
+def batch_of(tmp_path: Path, n_tasks: int, group_size: int) -> Batch:
+    tasks = [{"id": f"t{i}", "question": "q"} for i in range(n_tasks)]
+    doc = {"batch_id": "b", "env": "arith", "tasks": tasks, "group_size": group_size, "step": 0}
+    sp = Spool(tmp_path, group_size=group_size, durable_publish=False)
+    return Batch("b", doc, specs_for(doc), sp, None)
+
+
+async def test_streams_wait_for_records_and_end_when_all_were_sent(tmp_path: Path) -> None:
+    b = batch_of(tmp_path, 3, 2)
+
+    async def read(gen) -> list[dict]:
+        return [orjson.loads(x) for chunk in [c async for c in gen] for x in chunk.splitlines()]
+
+    episodes = asyncio.create_task(read(episode_chunks(b, after=1)))
+    groups = asyncio.create_task(read(group_chunks(b, after=-1)))
+    order = [0, 2, 1, 4, 3, 5]  # finish order, interleaving tasks 0, 1 and 2
+    for i in order:
+        b.spool.append(rec(i))
+        await asyncio.sleep(0)  # let the readers run between records
+    eps, grs = await episodes, await groups
+    assert [e["seq"] for e in eps] == [2, 3, 4, 5]
+    assert [(g["group_id"], g["seq"]) for g in grs] == [("b/t0", 2), ("b/t1", 4), ("b/t2", 5)]
+    assert all(len(g["records"]) == 2 and g["task_id"] == g["group_id"][2:] for g in grs)
+    # From a cursor after the end: nothing, and the stream ends at once.
+    assert await read(group_chunks(b, after=5)) == []
