@@ -212,7 +212,8 @@ class DockerBackend(Backend):
             max_concurrent_creates + max_concurrent_execs + 2, thread_name_prefix="libra-docker"
         )
         self._live: dict[str, DockerSandbox] = {}
-        self._pool: asyncio.Queue[str] = asyncio.Queue()
+        # (container id, created at): bounded, so the refill blocks while the pool is full.
+        self._pool: asyncio.Queue[tuple[str, float]] = asyncio.Queue(max(1, pool_size))
         self._runner: asyncio.Task[None] | None = None
         self._client: Any = None
 
@@ -263,13 +264,16 @@ class DockerBackend(Backend):
 
     async def _fill_pool(self) -> None:
         while True:
-            if self._pool.qsize() < self.pool_size:
-                try:
-                    self._pool.put_nowait(await self._new_container(self.pool_spec))
-                    continue
-                except SandboxError:
-                    await asyncio.sleep(5)  # engine trouble: retry later
-            await asyncio.sleep(0.05)
+            try:
+                cid = await self._new_container(self.pool_spec)
+            except SandboxError:
+                await asyncio.sleep(5)  # engine trouble: retry later
+                continue
+            try:
+                await self._pool.put((cid, time.time()))
+            except asyncio.CancelledError:
+                await asyncio.shield(self.call(self.remove, cid))
+                raise
 
     def reap(self) -> list[str]:
         """Remove labelled containers whose owner died or whose time to live passed."""
@@ -340,8 +344,14 @@ class DockerBackend(Backend):
             return str(c["Id"])
 
         async with self.create_slots:
+            made = asyncio.get_running_loop().run_in_executor(self._threads, make)
             try:
-                return await self.call(make)
+                return await asyncio.shield(made)
+            except asyncio.CancelledError:
+                # The thread finishes the create regardless: remove what it made.
+                with contextlib.suppress(Exception):
+                    await self.call(self.remove, await made)
+                raise
             except SandboxError:
                 raise
             except Exception as e:
@@ -352,8 +362,12 @@ class DockerBackend(Backend):
             raise SandboxError("DockerBackend.create before start()")
         spec = spec or SandboxSpec()
         cid = None
-        if self.pool_size and spec == self.pool_spec and not self._pool.empty():
-            cid = self._pool.get_nowait()
+        while self.pool_size and spec == self.pool_spec and not self._pool.empty():
+            pooled, born = self._pool.get_nowait()
+            if time.time() - born < spec.ttl_s / 2:  # else the reaper would take it soon
+                cid = pooled
+                break
+            await self.call(self.remove, pooled)
         if cid is None:
             cid = await self._new_container(spec)
         sb = DockerSandbox(cid, spec, self)
@@ -369,7 +383,7 @@ class DockerBackend(Backend):
         for sb in list(self._live.values()):
             await sb.close()
         while not self._pool.empty():
-            await self.call(self.remove, self._pool.get_nowait())
+            await self.call(self.remove, self._pool.get_nowait()[0])
         if self._client is not None:
             await self.call(self._client.close)
             self._client = None
