@@ -70,6 +70,26 @@ class Migration(_Record):
     """Why: the policy's explanation (predictions, costs), `overflow`, or `endpoint-down`."""
 
 
+class Segment(_Record):
+    """A further segment of an agent episode (the OpenAI-compatible proxy): the agent
+    edited its history (dropped or rewrote a message, changed the tools), so its next
+    request no longer extended the tokens so far and the episode went on from a freshly
+    rendered prompt. A segment stands alone: train on its `prompt_token_ids` +
+    `response_token_ids` exactly as on a record's own."""
+
+    turn: int
+    """Index in `turns` of its first turn; the turns up to the next segment's `turn` are
+    its own, and their `start` offsets index its `response_token_ids`."""
+    reason: str
+    """What the agent changed, e.g. `message 3 (assistant) rewritten`, `tools changed`."""
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    """The edited conversation, rendered whole (model tokens in it have no loss)."""
+    prompt_tokens: int = 0
+    response_token_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+
+
 class Timings(_Record):
     queued_s: float = 0.0
     """Waiting for admission and endpoint capacity."""
@@ -112,6 +132,10 @@ class Trajectory(_Record):
     turns: list[Turn] = Field(default_factory=list)
     migrations: list[Migration] = Field(default_factory=list)
     timings: Timings = Field(default_factory=Timings)
+    segments: list[Segment] = Field(default_factory=list)
+    """Further segments after history edits (agent episodes only; empty when every
+    request extended the conversation). The token fields above hold the first segment;
+    `total_tokens` is the final context length, the last segment's."""
 
     # Not serialised: the conversation as text, for reward functions that need it.
     _messages: list[dict[str, Any]] = PrivateAttr(default_factory=list)
@@ -155,6 +179,7 @@ def json_schema() -> dict[str, Any]:
 __all__ = [
     "EpisodeStatus",
     "Migration",
+    "Segment",
     "Timings",
     "ToolCall",
     "ToolReturn",

@@ -12,13 +12,30 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from libra.record import Trajectory
-from libra.rollout.episode import EpisodeRunner, EpisodeSpec
+from libra.rollout.episode import EpisodeSpec
+from libra.routing.base import RoutingPolicy
+
+
+class Runner(Protocol):
+    """What runs episodes: `EpisodeRunner` (a libra.Env) or `libra.proxy.AgentRunner`
+    (an agent function behind the OpenAI-compatible proxy)."""
+
+    policy: RoutingPolicy
+
+    async def run(
+        self,
+        spec: EpisodeSpec,
+        *,
+        admitted_after_s: float = 0.0,
+        on_abort: Callable[[Trajectory], None] | None = None,
+    ) -> Trajectory: ...
 
 
 async def run_episodes(
-    runner: EpisodeRunner,
+    runner: Runner,
     specs: Iterable[EpisodeSpec],
     *,
     concurrency: int,
@@ -51,4 +68,4 @@ async def run_episodes(
                 await asyncio.sleep(0)  # admit in slices: keep the event loop responsive
 
 
-__all__ = ["run_episodes"]
+__all__ = ["Runner", "run_episodes"]

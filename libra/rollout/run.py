@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,9 @@ from libra.endpoints.launch import Launched
 from libra.endpoints.pool import EndpointPool
 from libra.env import Env
 from libra.errors import ConfigError, ModelError
+from libra.proxy.agent import AgentEnv, as_agent
 from libra.record import Trajectory
-from libra.rollout.batch import run_episodes
+from libra.rollout.batch import Runner, run_episodes
 from libra.rollout.config import RolloutConfig
 from libra.rollout.episode import EpisodeRunner
 from libra.rollout.fleet import resolve_buckets
@@ -59,7 +60,28 @@ def load_env(spec: str, options: dict[str, Any]) -> Env:
             return obj(**options)
         except TypeError as e:
             raise ConfigError(f"env {spec!r} rejected its options {options}: {e}") from None
-    raise ConfigError(f"{spec!r} is not a libra.Env subclass (got {type(obj).__name__})")
+    # An agent function `async def run(task, client)`: runs through the OpenAI proxy.
+    agent = as_agent(obj, spec, options)
+    if agent is not None:
+        return agent
+    raise ConfigError(
+        f"{spec!r} is not a libra.Env subclass nor an async agent function "
+        f"`async def run(task, client)` (got {type(obj).__name__})"
+    )
+
+
+@contextlib.asynccontextmanager
+async def episode_runner(env: Env, **kwargs: Any) -> AsyncIterator[Runner]:
+    """The runner for `env` (every job builds its runner here): an `EpisodeRunner` for a
+    libra.Env; for an agent function an `AgentRunner`, whose OpenAI-compatible proxy
+    serves the episodes while the block runs. `kwargs` are EpisodeRunner's, less `env`."""
+    if isinstance(env, AgentEnv):
+        from libra.proxy.runner import AgentRunner
+
+        async with AgentRunner(agent=env, **kwargs) as runner:
+            yield runner
+    else:
+        yield EpisodeRunner(env=env, **kwargs)
 
 
 def make_policy(name: str, buckets: Sequence[Bucket], options: dict[str, Any]) -> RoutingPolicy:
@@ -124,15 +146,17 @@ async def rollout(
                     urls[name] += extra
             pool = EndpointPool([(b, urls[b.name]) for b in buckets], config.endpoint)
             await stack.enter_async_context(pool)
-            runner = EpisodeRunner(
-                env=env,
-                env_name=config.env,
-                tokenizer=tokenizer,
-                pool=pool,
-                policy=policy,
-                sampling=config.sampling,
-                limits=config.limits,
-                max_context=max_context,
+            runner = await stack.enter_async_context(
+                episode_runner(
+                    env,
+                    env_name=config.env,
+                    tokenizer=tokenizer,
+                    pool=pool,
+                    policy=policy,
+                    sampling=config.sampling,
+                    limits=config.limits,
+                    max_context=max_context,
+                )
             )
             stats.t0 = stats.clock()
             await run_episodes(runner, specs, concurrency=config.concurrency, emit=emit)
@@ -169,4 +193,4 @@ def run_sync(coro: Any) -> Any:
         return runner.run(coro)
 
 
-__all__ = ["load_env", "make_policy", "resolve_model", "rollout", "run_sync"]
+__all__ = ["episode_runner", "load_env", "make_policy", "resolve_model", "rollout", "run_sync"]

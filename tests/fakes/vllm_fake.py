@@ -24,6 +24,20 @@ MODEL_NAME = "fake-model"
 _Q = re.compile(r"What is (.+?)\?")
 _RESP = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 _DIRECTIVE = re.compile(r"DIRECTIVE:([\w-]+)")
+_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+_TITLE = re.compile(r"Title: ([^)]*)\)")
+
+
+def search_turn(prompt: str, responses: list[str]) -> str:
+    """`DIRECTIVE:search`: search for the question, then answer with the first hit's title
+    (results in Search-R1's `Doc 1(Title: ...) text` format)."""
+    if responses:
+        hit = _TITLE.search(responses[-1])
+        return f"Found it. <answer>{hit.group(1) if hit else 'unknown'}</answer>"
+    asked = [u for u in _USER.findall(prompt) if "DIRECTIVE:search" in u]
+    query = (asked[-1] if asked else "").replace("DIRECTIVE:search", "").strip()
+    args = orjson.dumps({"query": query}).decode()
+    return f'<tool_call>{{"name": "search", "arguments": {args}}}</tool_call>'
 
 
 def respond(prompt: str) -> tuple[str, bool]:
@@ -37,6 +51,8 @@ def respond(prompt: str) -> tuple[str, bool]:
         return "la " * 10_000, False
     if directive == "loop":
         return call % expr, True
+    if directive == "search":
+        return search_turn(prompt, responses), True
     if responses:
         value = responses[-1].strip()[:16]
         return f"The tool says {value}. <answer>{value}</answer>", True
@@ -60,6 +76,9 @@ class FakeVLLM:
         self.tok = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
         self.eos = self.tok.token_to_id("<|im_end|>")
         self.delay = delay
+        self.honor_stop = False
+        """Honour `stop` strings (off by default: tests written before it expect them
+        ignored)."""
         self.requests: list[dict[str, Any]] = []
 
     def app(self) -> web.Application:
@@ -101,6 +120,14 @@ class FakeVLLM:
         for i, t in enumerate(ids):
             if t in stops and t != self.eos:
                 ids, stop_reason = ids[: i + 1], t
+                break
+        for i in range(len(ids) if self.honor_stop else 0):
+            # stop strings (opt-in): cut after the token that completes one, as vLLM does
+            # with include_stop_str_in_output
+            text = self.tok.decode(ids[: i + 1])
+            hit = next((s for s in body.get("stop") or () if s in text), None)
+            if hit is not None:
+                ids, stop_reason = ids[: i + 1], hit
                 break
         if len(ids) > body["max_tokens"]:
             ids, finish, stop_reason = ids[: body["max_tokens"]], "length", None

@@ -1,0 +1,449 @@
+"""One agent episode as the proxy sees it: its token state, segments and model turns.
+
+Every `/chat/completions` request of the episode goes through `Session.chat`, one at a
+time (a lock; concurrent requests of one episode are served in arrival order):
+
+1. The request's messages are put in canonical form (`messages.py`) and compared with
+   the conversation the session holds (the previous request's messages + the reply it
+   returned, with the previous request's tools).
+2. First request: the messages are rendered once with the model's chat template (the
+   opening prompt); the routing policy picks the first bucket (`on_start`).
+   Extension (the common case): only the new messages are rendered, as a delta after
+   the previous turn (`ChatTokenizer.delta_ids`), and appended with loss mask 0 — the
+   model's tokens of earlier turns stay exactly as generated, nothing is re-rendered.
+   Anything else (a message dropped or rewritten, tools changed) is a history edit: a
+   new *segment* starts on a freshly rendered prompt, with the reason on the record.
+3. Tool messages the agent sends after the model's calls become the previous turn's
+   `tool_returns`; the routing policy sees them (`on_tool_return`) before the next turn,
+   exactly as for a native env.
+4. The turn is generated token-in/token-out on the bucket's endpoints (the native
+   engine's rules: bucket-bound continuation, overflow moves, endpoint-down fallback);
+   its ids, log-probs and loss mask 1 are appended; tool calls are parsed from Hermes
+   `<tool_call>` blocks for the reply.
+
+A failure that ends the episode (context full, `max_turns`, turn timeout, endpoint
+failure) is kept as the episode's status and answered with an OpenAI error; every
+later request of the episode gets the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.chat import ChatTokenizer
+from libra.endpoints.config import SamplingConfig
+from libra.endpoints.pool import BucketDown, EndpointPool, Served
+from libra.errors import EndpointError
+from libra.proxy import messages as m
+from libra.proxy.protocol import ChatRequest, ProxyError, Reply, bad_request
+from libra.record import Migration, Segment, Timings, ToolCall, ToolReturn, Trajectory, Turn
+from libra.rollout.config import LimitsConfig
+from libra.routing.base import Bucket, Decision, EpisodeState, RoutingPolicy, ToolState
+from libra.toolcalls import ToolCallParser
+
+log = logging.getLogger("libra.proxy")
+_CALL_OPEN = "<tool_call>"
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What every session of one runner shares."""
+
+    tok: ChatTokenizer
+    pool: EndpointPool
+    policy: RoutingPolicy
+    sampling: SamplingConfig
+    limits: LimitsConfig
+    max_context: int
+    parser: ToolCallParser
+    cpu: asyncio.Semaphore
+    """Gate on synchronous work (render, tokenize, parse), as in the native engine."""
+    clock: Callable[[], float]
+
+    @property
+    def buckets(self) -> dict[str, Bucket]:
+        return {b.name: b for b in self.pool.buckets}
+
+
+@dataclass(slots=True)
+class _Seg:
+    turn: int
+    reason: str
+    prompt_ids: list[int]
+    context: list[int]
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def append(self, ids: Sequence[int], lps: Sequence[float] | None, model: bool) -> None:
+        self.context.extend(ids)
+        self.response.extend(ids)
+        self.mask.extend([1 if model else 0] * len(ids))
+        self.logprobs.extend(lps if lps is not None else [0.0] * len(ids))
+
+    def cut(self, n: int) -> None:
+        """Drop response tokens from offset `n` on (a turn that never reached the agent)."""
+        extra = len(self.response) - n
+        if extra > 0:
+            del self.context[-extra:], self.response[n:], self.mask[n:], self.logprobs[n:]
+
+
+class Session:
+    def __init__(self, spec: Any, shared: Shared):
+        self.spec = spec
+        self.sh = shared
+        self.segments: list[_Seg] = []
+        self.turns: list[Turn] = []
+        self.migrations: list[Migration] = []
+        self.tool_states: list[ToolState] = []
+        self.history: list[dict[str, Any]] = []
+        """Canonical conversation: the last request's messages + the reply to it."""
+        self.tools: list[dict[str, Any]] | None = None
+        self.names: dict[str, str] = {}
+        """Tool-call id -> tool name, for tool messages that carry only the id."""
+        self.bucket = ""
+        self.closed_turn = True
+        self.last_calls: set[str] = set()
+        self.last_text = ""
+        self.last_finish: str | None = None
+        self.replied_at = 0.0
+        self.queued_s = self.generate_s = self.tool_s = 0.0
+        self.ended: tuple[str, str] | None = None
+        """(status, error) once something ended the episode."""
+        self._ended_answer: ProxyError | None = None
+        self._lock = asyncio.Lock()
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # --- the request -----------------------------------------------------------------
+    async def chat(self, req: ChatRequest) -> Reply:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            async with self._lock:
+                return await self._chat(req)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _chat(self, req: ChatRequest) -> Reply:
+        if self._closed:
+            raise ProxyError(409, "this episode is over", "episode_ended")
+        if self._ended_answer is not None:
+            raise self._ended_answer
+        turn_idx = len(self.turns)
+        cap = self.sh.limits.max_turns
+        if cap is not None and turn_idx >= cap:
+            self._end("truncated", f"reached max_turns={cap}", 400, "max_turns_exceeded")
+        start = -1
+        try:
+            async with self.sh.cpu:
+                msgs = m.canonical_all(req.messages, self.names)
+                self._take(req, msgs, turn_idx)
+            start = len(self.segments[-1].response)
+            served, finish = await self._generate(req, turn_idx)
+            async with self.sh.cpu:
+                return self._close_turn(req, msgs, start, served, finish)
+        except m.BadMessages as e:
+            raise bad_request(str(e), "invalid_messages") from None
+        except ProxyError:
+            raise
+        except TimeoutError:
+            self._cut(start)
+            limit = self.sh.limits.turn_timeout_s
+            self._end("timeout", f"model turn exceeded {limit:g} s", 504, "turn_timeout")
+        except EndpointError as e:
+            self._cut(start)
+            self._end("error", f"endpoint: {e}", 502, "endpoint_error", "api_error")
+        except Exception as e:
+            log.debug("episode %s: request failed", self.spec.id, exc_info=True)
+            self._cut(start)
+            self._end("error", f"{type(e).__name__}: {e}", 500, "internal_error", "api_error")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _cut(self, start: int) -> None:
+        if start >= 0:
+            self.segments[-1].cut(start)
+
+    def _end(self, status: str, error: str, http: int, code: str, kind: str = "") -> None:
+        self.ended = (status, error)
+        self._ended_answer = ProxyError(
+            http, f"episode ended ({status}): {error}", code, kind or "invalid_request_error"
+        )
+        raise self._ended_answer
+
+    def close(self) -> None:
+        """Freeze the session (the episode is being recorded): requests still in flight
+        are cancelled, later ones refused."""
+        self._closed = True
+        for task in list(self._inflight):
+            task.cancel()
+
+    # --- messages -> context -----------------------------------------------------------
+    def _take(self, req: ChatRequest, msgs: list[dict[str, Any]], turn_idx: int) -> None:
+        """Render what the request adds and commit it (all checks come before any change)."""
+        tok, tools = self.sh.tok, req.tools
+        rendered = [m.render_form(x) for x in msgs]
+        if not self.segments:
+            ids = tok.prompt_ids(rendered, tools)
+            self._fits(len(ids), "the prompt")
+            self.segments.append(_Seg(0, "", ids, list(ids)))
+            n = len(ids)
+            self.bucket = self._known(self.sh.policy.on_start(
+                EpisodeState(self.spec.id, self.spec.task_id, n, n, (), "", 0)))  # fmt: skip
+        elif tools == self.tools and m.extends(self.history, msgs):
+            returns = self._returns(req, msgs, m.trailing_tools(msgs))
+            new = rendered[len(self.history) :]
+            delta = tok.delta_ids(new, tools, model_closed_turn=self.closed_turn)
+            seg = self.segments[-1]
+            self._fits(len(seg.context) + len(delta), "the new messages")
+            seg.append(delta, None, model=False)
+            self.turns[-1].tool_tokens += len(delta)
+            self._commit_returns(returns, turn_idx)
+        else:
+            reason = "tools changed" if tools != self.tools else m.describe_edit(self.history, msgs)
+            answered = [i for i in m.trailing_tools(msgs) if self._answers_last(req, i)]
+            returns = self._returns(req, msgs, answered)
+            ids = tok.prompt_ids(rendered, tools)
+            self._fits(len(ids), "the edited conversation")
+            self.segments.append(_Seg(turn_idx, reason, ids, list(ids)))
+            self._commit_returns(returns, turn_idx)
+        self.tools = tools
+
+    def _fits(self, n: int, what: str) -> None:
+        if n >= self.sh.max_context:
+            self._end("truncated", f"{what} ({n} tokens) does not fit the context of "
+                      f"{self.sh.max_context}", 400, "context_length_exceeded")  # fmt: skip
+
+    def _answers_last(self, req: ChatRequest, i: int) -> bool:
+        raw = req.messages[i]
+        return str(raw.get("tool_call_id")) in self.last_calls
+
+    def _returns(
+        self, req: ChatRequest, msgs: list[dict[str, Any]], idx: list[int]
+    ) -> list[ToolReturn]:
+        """Tool returns reported by this request; tool latency = the time the agent took
+        between the reply and this request (one figure for all of them)."""
+        gap = max(0.0, self.sh.clock() - self.replied_at) if idx else 0.0
+        out = []
+        for i in idx:
+            text = msgs[i]["content"]
+            out.append(ToolReturn(
+                tool=msgs[i]["name"],
+                status=m.tool_status(req.messages[i], text),
+                payload_tokens=len(self.sh.tok.encode(text)),
+                latency_s=gap,
+            ))  # fmt: skip
+        return out
+
+    def _commit_returns(self, returns: list[ToolReturn], turn_idx: int) -> None:
+        if not returns:
+            return
+        self.turns[-1].tool_returns.extend(returns)
+        self.tool_s += returns[0].latency_s
+        self.tool_states.extend(ToolState(r.tool, r.status, r.payload_tokens) for r in returns)
+        seg = self.segments[-1]
+        state = EpisodeState(
+            self.spec.id,
+            self.spec.task_id,
+            len(self.segments[0].prompt_ids),
+            len(seg.context),
+            tuple(self.tool_states),
+            self.bucket,
+            turn_idx,
+        )
+        decision = self.sh.policy.on_tool_return(state)
+        if isinstance(decision, Decision):
+            to, reason = decision.bucket, decision.reason or "policy"
+        else:
+            to, reason = decision, "policy"
+        self._move(turn_idx, self._known(to), reason)
+
+    def _known(self, bucket: str) -> str:
+        if bucket not in self.sh.buckets:
+            raise ValueError(f"routing policy answered unknown bucket {bucket!r}")
+        return bucket
+
+    # --- the model turn ----------------------------------------------------------------
+    async def _generate(self, req: ChatRequest, turn_idx: int) -> tuple[Served, str | None]:
+        """Generate one turn (the native engine's loop: when the bucket's bound, not the
+        budget or the context, cuts the turn, it continues on a bucket with room)."""
+        sh = self.sh
+        budget = min(sh.sampling.max_tokens, req.max_tokens or math.inf)
+        stop_ids, stop_strs = self._stops(req.stop)
+        buckets = sh.buckets
+        seg = self.segments[-1]
+        async with asyncio.timeout(sh.limits.turn_timeout_s):
+            while True:
+                self._fit_bucket(turn_idx)
+                room_ctx = sh.max_context - len(seg.context)
+                if room_ctx <= 0:
+                    self._end("truncated", f"context reached max_context={sh.max_context}",
+                              400, "context_length_exceeded")  # fmt: skip
+                room_bucket = buckets[self.bucket].bound - len(seg.context)
+                max_tokens = int(min(budget, room_ctx, room_bucket))
+                bucket_binds = room_bucket < min(budget, room_ctx)
+                served = await self._call(turn_idx, seg.context, max_tokens, stop_ids, stop_strs)
+                comp = served.completion
+                seg.append(comp.token_ids, comp.logprobs, model=True)
+                budget -= len(comp.token_ids)
+                if comp.finish_reason == "length" and bucket_binds and budget > 0:
+                    continue
+                return served, comp.finish_reason
+
+    def _stops(self, stops: Sequence[str]) -> tuple[list[int], list[str]]:
+        ids, strs = list(self.sh.tok.eos_token_ids), []
+        for s in stops:
+            tid = self.sh.tok.token_id(s)
+            if tid is not None:
+                ids.append(tid)
+            else:
+                strs.append(s)
+        return ids, strs
+
+    async def _call(
+        self, turn_idx: int, context: list[int], max_tokens: int, ids: list[int], strs: list[str]
+    ) -> Served:
+        sp = self.sh.sampling
+        seed = None if sp.seed is None else sp.seed + self.spec.index * 1009 + turn_idx
+        while True:
+            try:
+                served = await self.sh.pool.generate(
+                    self.bucket, context, max_tokens=max_tokens, temperature=sp.temperature,
+                    top_p=sp.top_p, logprobs=sp.logprobs, seed=seed, stop=strs,
+                    stop_token_ids=ids,
+                )  # fmt: skip
+            except BucketDown as e:
+                up = [b for b in self.sh.pool.buckets
+                      if b.name != e.bucket and self.sh.pool.has_healthy(b.name)
+                      and b.bound > len(context)]  # fmt: skip
+                if not up:
+                    raise
+                self._move(turn_idx, up[0].name, "endpoint-down")
+                continue
+            self.queued_s += served.queued_s
+            self.generate_s += served.generate_s
+            return served
+
+    def _fit_bucket(self, turn_idx: int) -> None:
+        n = len(self.segments[-1].context)
+        if n < self.sh.buckets[self.bucket].bound:
+            return
+        bigger = [b for b in self.sh.pool.buckets if b.bound > n]
+        if bigger:
+            self._move(turn_idx, bigger[0].name, "overflow")
+
+    def _move(self, turn_idx: int, to: str, reason: str) -> None:
+        if to == self.bucket:
+            return
+        self.migrations.append(Migration(turn=turn_idx, from_bucket=self.bucket, to_bucket=to,
+                                         reprefill_tokens=len(self.segments[-1].context),
+                                         reason=reason))  # fmt: skip
+        self.bucket = to
+
+    def _close_turn(
+        self,
+        req: ChatRequest,
+        msgs: list[dict[str, Any]],
+        start: int,
+        served: Served,
+        finish: str | None,
+    ) -> Reply:
+        tok = self.sh.tok
+        seg = self.segments[-1]
+        ids = seg.response[start:]
+        text = tok.decode(ids)
+        closed = bool(ids) and ids[-1] in tok.eos_token_ids
+        if closed and tok.eos_token and text.endswith(tok.eos_token):
+            text = text[: -len(tok.eos_token)]
+        full = text  # the record's answer is parsed from what the model wrote
+        if not closed and finish == "stop" and req.stop and not req.include_stop_str:
+            cuts = [i for s in req.stop if (i := text.find(s)) >= 0]
+            text = text[: min(cuts)] if cuts else text  # OpenAI: content omits the stop
+        content, calls, arguments = self._split_calls(req, text)
+        reply = Reply(
+            id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            content=content,
+            tool_calls=calls,
+            finish_reason="tool_calls" if calls else ("length" if finish == "length" else "stop"),
+            prompt_tokens=len(seg.prompt_ids) + start,
+            completion_tokens=len(ids),
+        )
+        if req.logprobs:
+            reply.token_logprobs = [
+                (tok.decode([t]), lp) for t, lp in zip(ids, seg.logprobs[start:], strict=True)
+            ]
+        self.turns.append(Turn(
+            start=start, model_tokens=len(ids), tool_tokens=0, bucket=self.bucket,
+            endpoint=served.endpoint.url, policy_version=served.version, finish_reason=finish,
+            tool_calls=[ToolCall(name=c["function"]["name"], arguments=args)
+                        for c, args in zip(calls, arguments, strict=True)],
+        ))  # fmt: skip
+        for c in calls:
+            self.names[c["id"]] = c["function"]["name"]
+        self.last_calls = {c["id"] for c in calls}
+        self.history = [*msgs, m.canonical(reply.message(), len(msgs), self.names)]
+        self.closed_turn = closed
+        self.last_text, self.last_finish = full, finish
+        self.replied_at = self.sh.clock()
+        return reply
+
+    def _split_calls(
+        self, req: ChatRequest, text: str
+    ) -> tuple[str | None, list[dict[str, Any]], list[dict[str, Any]]]:
+        """(content, tool calls) as vLLM's Hermes parser answers: the text before the first
+        `<tool_call>` and the parsed calls; when a call does not parse, the whole text
+        comes back as content with no calls (the agent sees what the model wrote)."""
+        if not req.parse_tools or _CALL_OPEN not in text:
+            return text, [], []
+        parsed = self.sh.parser.parse(text)
+        if not parsed or any(p.error for p in parsed):
+            return text, [], []
+        head = text[: text.find(_CALL_OPEN)]
+        calls = [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": p.name,
+                    "arguments": json.dumps(p.arguments, ensure_ascii=False),  # as vLLM
+                },
+            }
+            for p in parsed
+        ]
+        return (head if head.strip() else None), calls, [p.arguments for p in parsed]
+
+    # --- the record --------------------------------------------------------------------
+    def fill(self, rec: Trajectory) -> None:
+        """Put the episode's tokens, turns and timings on `rec`."""
+        rec.timings = Timings(queued_s=self.queued_s, generate_s=self.generate_s,
+                              tool_s=self.tool_s)  # fmt: skip
+        if not self.segments:
+            return
+        first = self.segments[0]
+        rec.prompt_token_ids = first.prompt_ids
+        rec.prompt_tokens = len(first.prompt_ids)
+        rec.response_token_ids = first.response
+        rec.loss_mask = first.mask
+        rec.logprobs = first.logprobs
+        rec.total_tokens = len(self.segments[-1].context)
+        rec.turns = self.turns
+        rec.migrations = self.migrations
+        rec.segments = [
+            Segment(turn=s.turn, reason=s.reason, prompt_token_ids=s.prompt_ids,
+                    prompt_tokens=len(s.prompt_ids), response_token_ids=s.response,
+                    loss_mask=s.mask, logprobs=s.logprobs)
+            for s in self.segments[1:]
+        ]  # fmt: skip
+        rec._messages = [dict(x) for x in self.history]
+
+
+__all__ = ["Session", "Shared"]
