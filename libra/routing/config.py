@@ -44,6 +44,10 @@ class RoutingConfig(Config):
     larger bucket instead of waiting for an overflow (docs/cmlfq.md)."""
     kv_aware: bool = True
     """C-MLFQ moves only when the move pays for its re-prefill (see docs/cmlfq.md)."""
+    cost_profile: str | None = None
+    """`MODEL@HARDWARE` planner profiles (e.g. `qwen3-14b@a800-80g`) that price KV-aware
+    moves with the planner's rollout cost model; default: the built-in TP-scaled
+    roofline (`libra.routing.cost.TPScaledCost`)."""
     decode_batch: int = Field(32, ge=1)
     """Concurrent sequences assumed on an instance when the cost model prices a decode
     step (KV-aware moves)."""

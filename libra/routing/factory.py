@@ -33,6 +33,8 @@ def make_policy(
     if name == "cmlfq":
         from libra.routing.cmlfq import CMLFQPolicy
 
+        if cost is None and config.cost_profile:
+            cost = _planner_cost(config.cost_profile, config.decode_batch)
         return CMLFQPolicy(buckets, config, cost=cost)
     if name == "mlfq":
         from libra.routing.mlfq import MLFQPolicy
@@ -45,6 +47,23 @@ def make_policy(
     if name == "static":
         return StaticPolicy(buckets)
     raise ConfigError(f"unknown routing policy {name!r}; known: {', '.join(POLICIES)}")
+
+
+def _planner_cost(profile: str, batch: int) -> MoveCost:
+    model, sep, hardware = profile.partition("@")
+    if not sep or not model or not hardware:
+        raise ConfigError(
+            f"routing.cost_profile {profile!r}: expected MODEL@HARDWARE, e.g. qwen3-14b@a800-80g"
+        )
+    try:
+        from libra.routing.cost import PlannerCost
+
+        return PlannerCost(model, hardware, batch)
+    except ImportError:
+        raise ConfigError(
+            "routing.cost_profile needs the planner (libra.planner), which this install "
+            "lacks; leave cost_profile unset for the built-in cost model"
+        ) from None
 
 
 __all__ = ["POLICIES", "make_policy"]

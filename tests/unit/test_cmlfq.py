@@ -158,3 +158,24 @@ def test_unknown_options_and_policies_are_one_clear_error():
         make_policy("cmlfq", BUCKETS, {"min_sample": 3})
     with pytest.raises(ConfigError, match="known: cmlfq, mlfq, predictor, static"):
         make_policy("fifo", BUCKETS)
+
+
+def test_the_planners_cost_model_prices_moves_when_named():
+    pytest.importorskip("libra.planner.rollout_cost")
+    from libra.routing.cost import PlannerCost, TPScaledCost
+
+    planner = PlannerCost("qwen3-14b", "a800-80g")
+    for cost in (planner, TPScaledCost()):
+        # a wider instance decodes faster; prefill grows with the context
+        assert cost.decode_s_per_token(BUCKETS[2], 8_000) < cost.decode_s_per_token(
+            BUCKETS[0], 8_000
+        )
+        assert cost.prefill_s(BUCKETS[1], 8_000) > cost.prefill_s(BUCKETS[1], 1_000) > 0
+    p = policy(cost_profile="qwen3-14b@a800-80g")
+    assert isinstance(p.cost, PlannerCost)
+    teach(p, [long_after_error() for _ in range(8)])
+    assert p.on_tool_return(at_first_return("error")).bucket == "tp8"
+    with pytest.raises(ConfigError, match="MODEL@HARDWARE"):
+        policy(cost_profile="qwen3-14b")
+    with pytest.raises(ConfigError, match="unknown hardware"):
+        policy(cost_profile="qwen3-14b@tpu-v9")
