@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "make-model": "libra.cli.make_model",
     "serve-rollout": "libra.cli.serve_rollout",
     "serve-engine": "libra.cli.serve_engine",
+    "plan": "libra.cli.plan",
 }
 
 

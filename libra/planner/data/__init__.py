@@ -1,0 +1,1 @@
+"""Built-in profile data files (TOML, one per profile, each with a [sources] table)."""

@@ -1,0 +1,1 @@
+"""Hardware profiles: <id>.toml."""
