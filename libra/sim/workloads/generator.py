@@ -22,18 +22,11 @@ import functools
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from libra.record import (
-    EpisodeStatus,
-    Timings,
-    ToolCall,
-    ToolReturn,
-    ToolStatus,
-    Trajectory,
-    Turn,
-)
+from libra.record import EpisodeStatus, Trajectory
 from libra.sim.workloads.agents import AGENTS, OUTCOME_MISS, Call
 from libra.sim.workloads.spec import LogNormal, TaskClass, WorkloadSpec
 
@@ -105,7 +98,7 @@ def episode(
     answer_now = rng.random() < task.cls.p_direct * persist
 
     ctx = task.prompt_tokens
-    turns: list[Turn] = []
+    turns: list[dict[str, Any]] = []
     status: EpisodeStatus = "ok"
     misses = 0
     last_status, last_payload = "ok", 0
@@ -124,21 +117,19 @@ def episode(
         gen = gen * math.exp(spec.sigma_turn * rng.standard_normal())
         gen += spec.read_coef * last_payload
         model_tokens = max(1, round(gen))
-        turn = Turn.model_construct(
-            start=ctx - task.prompt_tokens,
-            model_tokens=model_tokens,
-            tool_tokens=0,
-            bucket="",
-            endpoint="",
-            policy_version=step,
-            finish_reason="stop",
-            tool_calls=[],
-            tool_returns=[],
-        )
+        turn: dict[str, Any] = {
+            "start": ctx - task.prompt_tokens,
+            "model_tokens": model_tokens,
+            "tool_tokens": 0,
+            "bucket": "",
+            "endpoint": "",
+            "policy_version": step,
+            "finish_reason": "stop",
+        }
         turns.append(turn)
         if ctx + model_tokens >= spec.max_context:
-            turn.model_tokens = spec.max_context - ctx
-            turn.finish_reason = "length"
+            turn["model_tokens"] = spec.max_context - ctx
+            turn["finish_reason"] = "length"
             ctx, status = spec.max_context, "truncated"
             break
         ctx += model_tokens
@@ -147,55 +138,45 @@ def episode(
 
         call: Call = agent.act(rng)
         ret = _tool_return(call, rng, format_errors)
-        tool_s += ret.latency_s
-        tool_tokens = ret.payload_tokens + spec.tool_message_tokens
+        tool_s += ret["latency_s"]
+        tool_tokens = ret["payload_tokens"] + spec.tool_message_tokens
         truncated = ctx + tool_tokens >= spec.max_context
         if truncated:
             tool_tokens = spec.max_context - ctx
-        turn.tool_tokens = tool_tokens
-        turn.tool_calls = [ToolCall.model_construct(name=ret.tool, arguments={})]
-        turn.tool_returns = [ret]
+        turn["tool_tokens"] = tool_tokens
+        turn["tool_calls"] = [{"name": ret["tool"]}]
+        turn["tool_returns"] = [ret]
         ctx += tool_tokens
         if truncated:
             status = "truncated"
             break
-        if agent.observe(call, ret.status, rng) == OUTCOME_MISS:
+        if agent.observe(call, ret["status"], rng) == OUTCOME_MISS:
             misses += 1
-        last_status, last_payload = ret.status, ret.payload_tokens
+        last_status, last_payload = ret["status"], ret["payload_tokens"]
 
-    reward = 1.0 if status == "ok" and agent.solved else 0.0
-    return Trajectory.model_construct(
-        id=f"{group_id}/{sample}",
-        batch_id=f"{spec.name}/step-{step}",
-        task_id=_task_id(spec, task),
-        group_id=group_id,
-        env=spec.name,
-        step=step,
-        seq=0,
-        status=status,
-        reward=reward,
-        reward_info=None,
-        answer=None,
-        error=None,
-        prompt_token_ids=[],
-        prompt_tokens=task.prompt_tokens,
-        response_token_ids=[],
-        loss_mask=[],
-        logprobs=[],
-        total_tokens=ctx,
-        turns=turns,
-        migrations=[],
-        timings=Timings.model_construct(
-            queued_s=0.0, generate_s=0.0, tool_s=round(tool_s, 4), total_s=0.0
-        ),
+    # One validation of plain data is ~3x faster than constructing the nested models.
+    return Trajectory.model_validate(
+        {
+            "id": f"{group_id}/{sample}",
+            "batch_id": f"{spec.name}/step-{step}",
+            "task_id": _task_id(spec, task),
+            "group_id": group_id,
+            "env": spec.name,
+            "step": step,
+            "status": status,
+            "reward": 1.0 if status == "ok" and agent.solved else 0.0,
+            "prompt_tokens": task.prompt_tokens,
+            "total_tokens": ctx,
+            "turns": turns,
+            "timings": {"tool_s": round(tool_s, 4)},
+        }
     )
 
 
-def _tool_return(call: Call, rng: np.random.Generator, format_errors: float) -> ToolReturn:
+def _tool_return(call: Call, rng: np.random.Generator, format_errors: float) -> dict[str, Any]:
     """What the tool sends back: a timeout, a failure (by the task or by chance), or a
     result, with its size (capped by the env) and wall time."""
     tool = call.tool
-    status: ToolStatus
     if rng.random() < tool.p_timeout:
         status, payload, latency = "timeout", TIMEOUT_PAYLOAD, tool.timeout_s
     else:
@@ -204,9 +185,12 @@ def _tool_return(call: Call, rng: np.random.Generator, format_errors: float) -> 
         size = _lognormal(rng, tool.error_payload if failed else tool.ok_payload)
         payload = min(tool.max_payload, max(1, round(size)))
         latency = _lognormal(rng, tool.latency_s)
-    return ToolReturn.model_construct(
-        tool=tool.call_name, status=status, payload_tokens=payload, latency_s=round(latency, 4)
-    )
+    return {
+        "tool": tool.call_name,
+        "status": status,
+        "payload_tokens": payload,
+        "latency_s": round(latency, 4),
+    }
 
 
 def _task_id(spec: WorkloadSpec, task: Task) -> str:
