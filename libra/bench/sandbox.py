@@ -137,8 +137,17 @@ async def _measure(name: str, args: argparse.Namespace, tree: Path) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from libra.errors import ConfigError
     from libra.sandboxes.bwrap import BwrapBackend
     from libra.sandboxes.docker import engine_answers
+
+    try:
+        levels = [int(k) for k in args.levels.split(",")]
+    except ValueError:
+        raise ConfigError(f"--levels {args.levels!r}: expected counts like 1,8,32") from None
+    if args.repeats < 1 or args.hold_s <= 0 or min(levels) < 1:
+        raise ConfigError("--repeats, --hold-s and every --levels count must be positive")
+    args.levels = ",".join(map(str, levels))
 
     names = args.backend or [
         n
@@ -146,8 +155,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if why is None
     ]
     if not names:
-        from libra.errors import ConfigError
-
         raise ConfigError("no sandbox backend here: start dockerd or install bubblewrap")
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
