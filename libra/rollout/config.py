@@ -53,11 +53,13 @@ class RolloutConfig(Config):
     """Batch id stamped on records. Default: a fresh random id."""
     step: int = Field(0, ge=0)
     """Policy version (training step) stamped on records."""
-    policy: str = "static"
-    """Routing policy: `static` (smallest bucket fitting the prompt, never moves) or one
-    registered in `libra.routing` (see `libra rollout --help`)."""
+    policy: str = "cmlfq"
+    """Routing policy: `cmlfq` (causal prefix tree, docs/cmlfq.md), `mlfq` (demote when
+    the running length crosses the bound), `predictor` (length regression, routes once)
+    or `static` (smallest bucket that fits the prompt, never moves)."""
     routing: dict[str, Any] = Field(default_factory=dict)
-    """Options of the routing policy."""
+    """Options of the routing policy (`libra.routing.RoutingConfig`: size classes,
+    `tree_path` to keep the C-MLFQ tree across runs, `update` mode, KV-aware moves)."""
     buckets: list[BucketConfig] = Field(default_factory=list)
     """Buckets in order of their bound. Default: one bucket `tp1` with one launched
     embedded engine."""

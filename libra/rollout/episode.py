@@ -202,7 +202,7 @@ class EpisodeRunner:
                 f"of {self.max_context}",
             )
         n = len(prompt_ids)
-        state = EpisodeState(spec.id, spec.task_id, n, n, (), "", 0)
+        state = EpisodeState(spec.id, spec.task_id, n, n, (), "", 0, tuple(prompt_ids))
         bucket = self.policy.on_start(state)
         st = _State(spec, prompt_ids, list(prompt_ids), bucket)
         st.messages.extend(messages)

@@ -27,7 +27,7 @@ from libra.rollout.episode import EpisodeRunner
 from libra.rollout.fleet import resolve_buckets
 from libra.rollout.sink import JsonlSink, Progress, Stats
 from libra.rollout.tasks import episode_specs, load_tasks
-from libra.routing.base import Bucket, RoutingPolicy, StaticPolicy
+from libra.routing.base import Bucket, RoutingPolicy
 
 
 def resolve_model(model: str | None) -> Path:
@@ -85,17 +85,22 @@ async def episode_runner(env: Env, **kwargs: Any) -> AsyncIterator[Runner]:
 
 
 def make_policy(name: str, buckets: Sequence[Bucket], options: dict[str, Any]) -> RoutingPolicy:
-    if name == "static":
-        if options:
-            raise ConfigError(f"routing policy 'static' takes no options; got {sorted(options)}")
-        return StaticPolicy(buckets)
-    import libra.routing
+    """A routing policy by name (`cmlfq`, `mlfq`, `predictor`, `static`) with the
+    config's `[routing]` table (`libra.routing.RoutingConfig`)."""
+    from libra.routing import make_policy as factory
 
-    factory = getattr(libra.routing, "make_policy", None)
-    if factory is None:
-        raise ConfigError(f"unknown routing policy {name!r}; known: static")
-    policy: RoutingPolicy = factory(name, buckets, options)
-    return policy
+    return factory(name, buckets, options)
+
+
+async def finish_step(policy: RoutingPolicy, step: int) -> None:
+    """End of a step (a batch): the policy learns what finished (between-steps mode) and
+    saves what it learned when it was given a file (`[routing] tree_path`)."""
+    end_step = getattr(policy, "end_step", None)
+    if end_step is not None:
+        end_step(step)
+    save = getattr(policy, "save", None)
+    if save is not None and getattr(getattr(policy, "config", None), "tree_path", None):
+        await asyncio.to_thread(save)
 
 
 async def rollout(
@@ -160,6 +165,7 @@ async def rollout(
             )
             stats.t0 = stats.clock()
             await run_episodes(runner, specs, concurrency=config.concurrency, emit=emit)
+            await finish_step(policy, config.step)
     finally:
         sink.close()
     summary = stats.summary()
@@ -193,4 +199,12 @@ def run_sync(coro: Any) -> Any:
         return runner.run(coro)
 
 
-__all__ = ["episode_runner", "load_env", "make_policy", "resolve_model", "rollout", "run_sync"]
+__all__ = [
+    "episode_runner",
+    "finish_step",
+    "load_env",
+    "make_policy",
+    "resolve_model",
+    "rollout",
+    "run_sync",
+]

@@ -53,6 +53,16 @@ def respond(prompt: str) -> tuple[str, bool]:
         return call % expr, True
     if directive == "search":
         return search_turn(prompt, responses), True
+    if directive in ("fetch-short", "fetch-long"):
+        # Causal episodes for routing tests: a short one fetches once; a long one fetches
+        # three times, each fetch returning a big page.
+        kind, wanted = ("short", 1) if directive == "fetch-short" else ("long", 3)
+        if len(responses) < wanted:
+            return (
+                f'<tool_call>{{"name": "fetch", "arguments": {{"kind": "{kind}"}}}}</tool_call>',
+                True,
+            )
+        return "<answer>done</answer>", True
     if responses:
         value = responses[-1].strip()[:16]
         return f"The tool says {value}. <answer>{value}</answer>", True
