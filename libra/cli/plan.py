@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         hw = load_hardware(args.hardware)
     stats = load_workload(args.workload, args.batch, args.group, args.step, args.seed)
     settings = PlannerSettings(sync=args.sync, **({"bins": args.bins} if args.bins else {}))
-    result = plan(model, hw, stats, args.gpus, settings, exhaustive=args.exhaustive)
+    result = plan(
+        model, hw, stats, args.gpus, settings, exhaustive=args.exhaustive, clock=time.perf_counter
+    )
     if args.json:
         print_json({"workload": {"source": args.workload, **stats.summary()}, **result.as_dict()})
         return 0
@@ -125,18 +128,19 @@ def render(p: Any, workload: str, summary: dict[str, Any]) -> str:
     """The plan as a short report."""
     c, t = p.train.config, p.train
     mode = "synchronous" if p.sync else "asynchronous"
+    gpus = "devices" if p.hardware == "local" else "GPUs"
     lines = [
         f"plan: {p.model} on {p.gpus} x {p.hardware}, {workload} "
         f"({summary['episodes']} episodes, p50 {summary['total_tokens_p50']:,} / "
         f"max {summary['total_tokens_max']:,} tokens), {mode} RL",
         f"  t_iter {p.t_iter:.1f} s   (t_train {p.t_train:.1f} s, t_rollout {p.t_rollout:.1f} s"
         + (f", weight sync {p.sync_s:.1f} s)" if p.sync else ")"),
-        f"  training: {c.gpus} GPUs  TP {c.tp} x PP {c.pp} x DP {c.dp}"
+        f"  training: {c.gpus} {gpus}  TP {c.tp} x PP {c.pp} x DP {c.dp}"
         + (f" (EP {c.ep})" if c.ep > 1 else "")
         + f", micro-batch {c.micro_batch_tokens:,} tokens ({t.micro_batches} per rank), "
         f"ZeRO-{c.zero}, recompute {'on' if c.recompute else 'off'}, "
         f"{t.memory_bytes / 2**30:.1f} of {t.memory_limit / 2**30:.1f} GiB",
-        f"  rollout: {p.rollout_gpus} GPUs",
+        f"  rollout: {p.rollout_gpus} {gpus}",
         "     TP  instances  GPUs  episodes   final context (tokens)   t (s)",
     ]
     for g in p.rollout.groups:
@@ -145,7 +149,7 @@ def render(p: Any, workload: str, summary: dict[str, Any]) -> str:
             f"   {g.min_tokens:>9,} - {g.max_tokens:<9,}   {g.time_s:7.1f}"
         )
     if p.idle_gpus:
-        lines.append(f"  idle: {p.idle_gpus} GPUs (more would not shorten the iteration)")
+        lines.append(f"  idle: {p.idle_gpus} {gpus} (more would not shorten the iteration)")
     s = p.search
     lines.append(
         f"  search{' (exhaustive)' if s.get('exhaustive') else ''}: "
@@ -153,7 +157,7 @@ def render(p: Any, workload: str, summary: dict[str, Any]) -> str:
         f"pruned {s.get('train_pruned_memory', 0)} by memory, "
         f"{s.get('train_pruned_dominated', 0)} dominated, "
         f"{s.get('train_pruned_divisibility', 0)} by divisibility, "
-        f"{s.get('train_gpu_counts_bounded', 0)} GPU counts by bound; "
+        f"{s.get('train_gpu_counts_bounded', 0)} {gpus[:-1]} counts by bound; "
         + (
             f"{s.get('rollout_mixes_evaluated', 0)} rollout mixes x segmentations"
             if s.get("exhaustive")

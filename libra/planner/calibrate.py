@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from libra.planner.profiles import Efficiency, HardwareProfile
@@ -27,17 +28,17 @@ from libra.planner.profiles import Efficiency, HardwareProfile
 _MiB = 1 << 20
 
 
-def _best_rate(fn: Any, work: float, budget_s: float) -> float:
+def _best_rate(fn: Any, work: float, budget_s: float, clock: Callable[[], float]) -> float:
     """Best work/second over repeated calls within the budget (after one warm-up)."""
     fn()
     best = 0.0
-    deadline = time.perf_counter() + budget_s
+    deadline = clock() + budget_s
     while True:
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         best = max(best, work / max(dt, 1e-9))
-        if time.perf_counter() > deadline:
+        if clock() > deadline:
             return best
 
 
@@ -51,6 +52,7 @@ def calibrate_local(
     dtype: str = "float32",
     budget_s: float = 0.3,
     step_overhead_s: float = 5e-3,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> HardwareProfile:
     """Measure this machine. `devices` defaults to the number of cores; `hidden` and
     `intermediate` should be the model's, so the efficiencies fit the work it will do.
@@ -69,7 +71,7 @@ def calibrate_local(
         with torch.no_grad():
             n = 1024
             a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
-            peak = _best_rate(lambda: a @ b, 2.0 * n**3, budget_s)
+            peak = _best_rate(lambda: a @ b, 2.0 * n**3, budget_s, clock)
 
             x = torch.randn(tokens, hidden, dtype=dt)
             wg = torch.randn(hidden, 2 * inter, dtype=dt)
@@ -80,7 +82,7 @@ def calibrate_local(
                 return (torch.nn.functional.silu(g) * u) @ wd
 
             mlp_flops = 2.0 * tokens * hidden * 3 * inter
-            fwd = _best_rate(mlp_fwd, mlp_flops, budget_s)
+            fwd = _best_rate(mlp_fwd, mlp_flops, budget_s, clock)
 
         xg = x.clone().requires_grad_(True)
         wgg, wdg = wg.clone().requires_grad_(True), wd.clone().requires_grad_(True)
@@ -89,14 +91,14 @@ def calibrate_local(
             g, u = (xg @ wgg).chunk(2, dim=-1)
             ((torch.nn.functional.silu(g) * u) @ wdg).sum().backward()
 
-        train = _best_rate(mlp_train, 3.0 * mlp_flops, budget_s)
+        train = _best_rate(mlp_train, 3.0 * mlp_flops, budget_s, clock)
 
         big = torch.empty(64 * _MiB // 4, dtype=torch.float32)
         out = torch.empty_like(big)
         nbytes = 2.0 * big.numel() * 4
-        bw_dev = _best_rate(lambda: out.copy_(big), nbytes, budget_s)
+        bw_dev = _best_rate(lambda: out.copy_(big), nbytes, budget_s, clock)
         torch.set_num_threads(cores)
-        bw_all = _best_rate(lambda: out.copy_(big), nbytes, budget_s)
+        bw_all = _best_rate(lambda: out.copy_(big), nbytes, budget_s, clock)
     finally:
         torch.set_num_threads(prev)
     bw = min(bw_dev, bw_all / devices)

@@ -12,6 +12,7 @@ Placement: TP innermost (inside a node), then PP, then DP.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,6 +59,16 @@ class TrainWorkload:
     @classmethod
     def from_stats(cls, stats: WorkloadStats) -> TrainWorkload:
         return cls(stats.train_tokens, stats.train_pairs, stats.max_total, stats.n)
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[int]) -> TrainWorkload:
+        """From the sequence lengths (prompt + response tokens) of one update's batch."""
+        return cls(
+            float(sum(lengths)),
+            float(sum(n * n / 2.0 for n in lengths)),
+            int(max(lengths)),
+            len(lengths),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ import pytest
 from libra.errors import ConfigError
 from libra.planner import (
     HardwareProfile,
-    ModelProfile,
     TrainConfig,
     TrainWorkload,
+    best_train,
     decode_step_time,
     instance_cost,
     kv_bytes_per_token_per_gpu,
@@ -23,13 +23,12 @@ from libra.planner import (
     load_hardware,
     load_model,
     prefill_time,
+    solve_rollout,
     train_memory,
     train_step_time,
 )
-from libra.planner.workload import WorkloadStats
-from libra.record import Trajectory
+from libra.planner.validation import decode_checks, decode_table, kv_log_check, uniform_batch
 
-GIB_ = 1024**3
 A800 = load_hardware("a800-80g")
 H200 = load_hardware("h200-141g")
 
@@ -121,15 +120,9 @@ def test_kv_heads_shard_up_to_their_count_then_replicate():
 
 
 def test_kv_bytes_match_a_vllm_log():
-    """vLLM 4x H100, Qwen3-235B-A22B (94 layers, 4 KV heads, head_dim 128), TP4: 'Available
-    KV cache memory: 8.11 GiB, GPU KV cache size: 178,880 tokens' (vllm-project/vllm#21348;
-    its FP8 weights leave the KV cache in bf16)."""
-    m = ModelProfile(
-        id="qwen3-235b", name="", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
-        intermediate=12288, vocab=151936, experts=128, experts_active=8, moe_intermediate=1536,
-    )  # fmt: skip
-    tokens = 8.11 * GIB_ / kv_bytes_per_token_per_gpu(m, 4)
-    assert tokens == pytest.approx(178_880, rel=0.02)
+    """vLLM on 4x H100 logs 178,880 KV tokens in 8.11 GiB for Qwen3-235B-A22B at TP4
+    (vllm-project/vllm#21348): one of its 4 KV heads per GPU."""
+    assert abs(kv_log_check()["error"]) < 0.02
 
 
 def test_two_all_reduces_per_layer_per_step():
@@ -160,51 +153,13 @@ def test_prefill_is_compute_bound_for_long_prompts():
     assert t == pytest.approx(flops / (A800.flops * A800.eff.prefill_mfu), rel=0.05)
 
 
-# Published vLLM decode measurements (docs/cost-model.md#validation).
-LLAMA8 = ModelProfile(
-    id="llama-3.1-8b", name="", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
-    intermediate=14336, vocab=128256,
-)  # fmt: skip
-LLAMA70 = ModelProfile(
-    id="llama-3-70b", name="", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
-    intermediate=28672, vocab=128256,
-)  # fmt: skip
-MIXTRAL = ModelProfile(
-    id="mixtral-8x7b", name="", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
-    intermediate=14336, vocab=32000, experts=8, experts_active=2, moe_intermediate=14336,
-)  # fmt: skip
-A100_40 = dataclasses.replace(
-    A800, id="a100-40g", memory_bytes=40 * GIB_, hbm_bandwidth=1.555e12, intra_node_bandwidth=300e9
-)
-H100 = load_hardware("h100-80g")
-
-
-def latency_run(m: ModelProfile, hw: HardwareProfile, tp: int, batch: int, inp: int, out: int):
-    """vLLM's benchmark_latency: prefill batch x inp tokens, then out - 1 decode steps."""
-    t = prefill_time(m, hw, tp, batch * inp)
-    return t + sum(decode_step_time(m, hw, tp, batch, batch * (inp + k)) for k in range(out - 1))
-
-
-VLLM_MEASUREMENTS = [
-    # (what, predicted seconds, measured seconds, source)
-    ("H200 Llama-3.1-8B TP1 b8 32/128", lambda: latency_run(LLAMA8, H200, 1, 8, 32, 128), 0.8334),
-    ("H200 Llama-3-70B TP4 b8 32/128", lambda: latency_run(LLAMA70, H200, 4, 8, 32, 128), 2.0775),
-    ("H200 Mixtral-8x7B TP2 b8 32/128", lambda: latency_run(MIXTRAL, H200, 2, 8, 32, 128), 1.9174),
-    ("A100-40G Llama-3.1-8B c1 TPOT", lambda: decode_step_time(LLAMA8, A100_40, 1, 1, 1088), 1 / 75),
-    ("A100-40G Llama-3.1-8B c8 TPOT", lambda: decode_step_time(LLAMA8, A100_40, 1, 8, 8 * 1088), 8 / (75 * 6.6)),
-    ("H100 Llama-3.1-8B c1 TPOT", lambda: decode_step_time(LLAMA8, H100, 1, 1, 512), 6.48e-3),
-    ("H100 Llama-3.1-8B c4 TPOT", lambda: decode_step_time(LLAMA8, H100, 1, 4, 4 * 512), 6.59e-3),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(("what", "predict", "measured"), VLLM_MEASUREMENTS)
-def test_decode_agrees_with_published_vllm_measurements(what, predict, measured):
-    assert predict() == pytest.approx(measured, rel=0.25), what
+@pytest.mark.parametrize(("what", "predict", "measured", "source"), decode_checks())
+def test_decode_agrees_with_published_vllm_measurements(what, predict, measured, source):
+    assert predict() == pytest.approx(measured, rel=0.25), f"{what} ({source})"
 
 
 def test_decode_fit_is_within_fifteen_percent_rms():
-    errs = [math.log(p() / y) for _, p, y in VLLM_MEASUREMENTS]
-    assert math.sqrt(sum(e * e for e in errs) / len(errs)) < 0.15
+    assert decode_table()["rms_log_error"] < 0.15
 
 
 # --- training -------------------------------------------------------------------------------
@@ -258,32 +213,19 @@ def test_divisibility_rules():
 
 
 # --- the paper's asymmetry ----------------------------------------------------------------
-def uniform_stats(episodes: int, prompt: int, generated: int) -> WorkloadStats:
-    """A batch of identical single-turn episodes."""
-    recs = [
-        Trajectory(
-            id=str(i), batch_id="b", task_id=str(i // 16), group_id=str(i // 16), env="x",
-            prompt_tokens=prompt, total_tokens=prompt + generated,
-        )
-        for i in range(episodes)
-    ]  # fmt: skip
-    return WorkloadStats.from_records(recs)
-
-
 def test_rollout_is_far_more_length_sensitive_than_training():
-    """1K -> 32K tokens per sequence for a fixed GRPO batch: rollout slows much more than
-    training (the paper: 95x vs 3.9x; docs/cost-model.md#sequence-length)."""
-    from libra.planner import evaluate_rollout, evaluate_train
-
+    """1K -> 32K tokens per sequence for a fixed GRPO batch on 8 GPUs: rollout slows much
+    more than training (the paper: 95x vs 3.9x; docs/cost-model.md#sequence-length)."""
     m = load_model("qwen3-14b")
-    train_cfg = TrainConfig(tp=4, pp=1, dp=2, micro_batch_tokens=65536, zero=2, recompute=True)
     ratios = {}
     for length in (1024, 32768):
-        stats = uniform_stats(episodes=512, prompt=256, generated=length - 256)
-        roll = evaluate_rollout(m, A800, stats, {8: 1}).time_s
-        train = evaluate_train(m, A800, stats, train_cfg).total_s
-        ratios[length] = (roll, train)
+        stats = uniform_batch(64, 256, length - 256)
+        ratios[length] = (
+            solve_rollout(m, A800, stats, 8).time_s,
+            best_train(m, A800, stats, 8).total_s,
+        )
     roll_x = ratios[32768][0] / ratios[1024][0]
     train_x = ratios[32768][1] / ratios[1024][1]
-    assert roll_x > 2 * train_x
-    assert roll_x > 32  # KV reads and capacity make long rollouts super-linear
+    assert 60 < roll_x < 150  # super-linear: 32x the steps, each reading 32x the KV
+    assert 32 < train_x < 70  # near-linear: only attention is quadratic
+    assert roll_x > 1.5 * train_x

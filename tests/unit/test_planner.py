@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import numpy as np
 import orjson
@@ -182,7 +183,7 @@ def test_fixed_mix_evaluation_and_rollout_only_solve():
 
 
 def test_the_plan_serialises_to_json():
-    p = plan(load_model("qwen3-14b"), A800, STATS, 16)
+    p = plan(load_model("qwen3-14b"), A800, STATS, 16, clock=time.perf_counter)
     doc = orjson.loads(orjson.dumps(p.as_dict()))
     assert doc["t_iter_s"] == p.t_iter and doc["train"]["tp"] == p.train.config.tp
     assert sum(g["gpus"] for g in doc["rollout"]) == p.rollout_gpus

@@ -115,3 +115,15 @@ def test_benchmark_reports_its_goals():
     for row in doc["pruned_vs_exhaustive"]:
         assert row["t_iter_pruned_s"] == row["t_iter_exhaustive_s"]
     assert {r["gpus"] for r in doc["solve_time"]} >= {48}
+
+
+def test_public_surface_and_light_import():
+    import subprocess
+    import sys
+
+    import libra.planner as planner
+
+    assert all(hasattr(planner, name) for name in planner.__all__)
+    code = "import sys, libra.planner, libra.cli.plan; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # torch only for calibrate_local, imported inside it
