@@ -60,6 +60,10 @@ class Env:
     async def teardown(self, ctx: Context) -> None:
         """Release what `setup` acquired; runs even when the episode failed."""
 
+    async def close(self) -> None:
+        """Release what the env holds for the whole run (e.g. a sandbox backend); called
+        once when the job that created the env ends."""
+
     def tools_for(self, task: dict[str, Any]) -> Sequence[Tool]:
         """Tools offered for this task (default: `tools`)."""
         return self.tools

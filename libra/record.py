@@ -38,6 +38,9 @@ class ToolReturn(_Record):
     """Tokens of the tool response as appended to the context."""
     latency_s: float
     """Wall time of the call."""
+    info: dict[str, Any] | None = None
+    """What the tool reported beside its text (`ToolResult.info`), e.g. a sandboxed
+    command's exit code and which limit acted (`oom_killed`, `flooded`, `timed_out`)."""
 
 
 class Turn(_Record):

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import BucketDown, EndpointPool, Served
@@ -356,6 +358,7 @@ class EpisodeRunner:
                     status=o.result.status,
                     payload_tokens=payload,
                     latency_s=o.latency_s,
+                    info=_plain(o.result.info),
                 )
             )
             st.tool_states.append(ToolState(o.call.name, o.result.status, payload))
@@ -434,6 +437,16 @@ class EpisodeRunner:
                 await self.env.teardown(ctx)
         except Exception:
             log.warning("teardown of episode %s failed", ctx.episode_id, exc_info=True)
+
+
+def _plain(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A tool's `info` as JSON-safe data (it goes on the record)."""
+    if not info:
+        return None
+    try:
+        return orjson.loads(orjson.dumps(info, option=orjson.OPT_NON_STR_KEYS))
+    except TypeError:
+        return {k: repr(v) for k, v in info.items()}
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -145,6 +145,7 @@ async def rollout(
 
     try:
         async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(env.close)  # runs last: after engines and pool stop
             if any(launch.values()):
                 started = await stack.enter_async_context(Launched(model_dir, launch))
                 for name, extra in started.items():
