@@ -1,0 +1,42 @@
+"""The elastic GRPO trainer: the only layer of Libra that imports torch at module level.
+
+    from libra.trainer import ElasticTrainer, TrainerConfig
+
+    with ElasticTrainer(TrainerConfig(model="path/to/model")) as trainer:
+        report = trainer.step(records)        # list[libra.Trajectory] -> StepReport
+        trainer.add_hybrid("h0")              # joins live, catches up from a snapshot
+        trainer.remove_hybrid("h0")           # leaves after the next update
+
+See docs/grpo.md (the loss) and docs/elastic.md (membership, snapshots, failures).
+"""
+
+from libra.trainer.config import (
+    ElasticConfig,
+    EndpointRef,
+    GRPOConfig,
+    OptimConfig,
+    PublishConfig,
+    TrainerConfig,
+)
+from libra.trainer.elastic import Dropped, TrainerError
+from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport
+from libra.trainer.samples import Sample, group_advantages, prepare
+from libra.trainer.trainer import ElasticTrainer
+
+__all__ = [
+    "Dropped",
+    "ElasticConfig",
+    "ElasticTrainer",
+    "EndpointRef",
+    "GRPOConfig",
+    "MembershipEvent",
+    "OptimConfig",
+    "PublishConfig",
+    "ReplicaStatus",
+    "Sample",
+    "StepReport",
+    "TrainerConfig",
+    "TrainerError",
+    "group_advantages",
+    "prepare",
+]

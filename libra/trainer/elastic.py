@@ -1,0 +1,423 @@
+"""Elastic data parallelism on plain torch.distributed: one rank's side of the protocol.
+
+Every optimizer update ("step" below) on every member rank:
+
+1. switch epoch if one starts now (its group was built in the background);
+   a donor starts copying its state to staging (in a thread);
+2. forward/backward on this rank's samples (nothing for a rank that is catching up);
+3. one all-reduce over the shard's cross-replica group of [summed gradient | control
+   slots]: gradients, token counts, metrics, and the admit / leave / ready flags;
+4. for replicas of several ranks, one small all-reduce inside the replica agrees on
+   tokens, the gradient norm, failures and readiness;
+5. apply: divide by the global token count, clip, AdamW (`Replica.apply`); a catching-up
+   rank queues the averaged gradient for replay instead;
+6. if the control slots announced joins or leaves, start building the next epoch's
+   group in the background; it is used from the next step on.
+
+A joiner contributes zero gradient and zero tokens, so the sums — and the average —
+equal those without it. See docs/elastic.md for the whole design and its limits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from libra.errors import LibraError
+from libra.trainer import grpo
+from libra.trainer.catchup import CatchUp
+from libra.trainer.config import TrainerConfig
+from libra.trainer.groups import Background, connect, get_str, make_group, retire, wait_key
+from libra.trainer.membership import ControlLayout, Epoch, Member, Summary, next_epoch
+from libra.trainer.replica import Replica, sumsq
+from libra.trainer.samples import Sample
+from libra.trainer.snapshot import Donor, Job, addr_of, listen
+
+log = logging.getLogger("libra.trainer")
+
+
+class TrainerError(LibraError):
+    """The trainer cannot go on (a core replica failed, or the store is gone)."""
+
+
+class Dropped(LibraError):
+    """This replica was dropped from training (it failed, or lost a recovery race)."""
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One optimizer update as one rank saw it. Sums are global (all replicas)."""
+
+    update: int
+    applied: bool
+    """This rank's state now includes `update` (false while catching up)."""
+    contributed: bool
+    """This rank trained on its samples (its gradient was real)."""
+    tokens: int = 0
+    samples: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    epoch: str = ""
+    members: list[str] = field(default_factory=list)
+    joining: list[str] = field(default_factory=list)
+    """Members admitted by this update (they are in the next epoch)."""
+    leaving: list[str] = field(default_factory=list)
+    """Members that left after this update."""
+    dropped: list[str] = field(default_factory=list)
+    """Members a failure recovery dropped during this call."""
+    became_ready: bool = False
+    """This rank finished catching up with this update (its first real gradient is next)."""
+    join_latency_s: float | None = None
+    """With `became_ready`: seconds from registration to now."""
+    left: bool = False
+    """This rank left training after this update."""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def token(epoch: Epoch, member_id: str, rank: int) -> str:
+    return f"{epoch.name}/{member_id}/{rank}"
+
+
+class ElasticWorker:
+    """One process of one replica in the elastic domain."""
+
+    def __init__(
+        self, cfg: TrainerConfig, replica: Replica, *, member_id: str,
+        kind: Literal["core", "hybrid"], store_port: int, prefix: str = "libra",
+    ):  # fmt: skip
+        self.cfg, self.ecfg = cfg, cfg.elastic
+        self.replica = replica
+        self.id, self.kind = member_id, kind
+        self.rank, self.size = replica.rank, replica.size
+        self.host, self.port, self.prefix = self.ecfg.host, store_port, prefix
+        self.store = connect(self.host, store_port, prefix)
+        self.layout = ControlLayout(self.ecfg.max_replicas)
+        n = replica.grad_numel
+        self.bufs = [torch.zeros(n + self.layout.size) for _ in range(2)]
+        self.listener = listen(self.host)
+        self.addr = addr_of(self.listener)
+        self.donor = Donor(replica, rate_mb_s=self.ecfg.snapshot_rate_mb_s,
+                           timeout_s=self.ecfg.timeout_s)  # fmt: skip
+        self.catchup = CatchUp(replica, self.listener, timeout_s=self.ecfg.timeout_s,
+                               max_queue=self.ecfg.max_catchup_updates)  # fmt: skip
+        self.epoch: Epoch | None = None
+        self.pg: Any = None
+        self.pending: Pending | None = None
+        self.next_spec: Epoch | None = None
+        """The next epoch when this rank knows it (coordinator, joiners): recovery uses it."""
+        self.ready = kind == "core"
+        self.update = replica.updates
+        self.leaving = False
+        self.left = False
+        self.ticket = 0
+        self.coordinator = False
+        self._scanned = 0
+        self._joins: list[Member] = []
+        self.registered_at = 0.0
+        self.ready_after_s: float | None = None
+        """Seconds from registration to the first real gradient (hybrids)."""
+
+    # -- membership entry points ------------------------------------------------------
+
+    def start_core(self, core_ids: list[str]) -> None:
+        """Core replicas: form epoch 0 (blocking; all core ranks call it)."""
+        self.coordinator = self.id == core_ids[0] and self.rank == 0
+        ep = Epoch(
+            number=0, name="e0", start=self.update + 1,
+            members=tuple(Member(c, "core") for c in core_ids), ready=frozenset(core_ids),
+        )  # fmt: skip
+        self.pg = self._build(ep)
+        self.epoch = ep
+
+    def register(self) -> int:
+        """Hybrids: ask to join; returns the ticket. Admission comes at a later update."""
+        addrs = [self.addr]
+        if self.size > 1:
+            gathered: list[Any] = [None] * self.size
+            dist.all_gather_object(gathered, self.addr)
+            addrs = [str(a) for a in gathered]
+        t = [0]
+        if self.rank == 0:
+            t[0] = int(self.store.add("tickets", 1))
+            record = {"id": self.id, "addrs": addrs, "ranks": self.size}
+            self.store.set(f"ticket/{t[0]}", json.dumps(record))
+        if self.size > 1:
+            dist.broadcast_object_list(t, src=0)
+        self.ticket, self.registered_at = t[0], time.perf_counter()
+        return self.ticket
+
+    def poll_admission(self) -> bool:
+        """Non-blocking: has the coordinator admitted our ticket? Enters its epoch if so."""
+        if self.epoch is not None or self.pending is not None:
+            return True
+        key = f"ticket/{self.ticket}/admit"
+        if not self.store.check([key]):
+            return False
+        self._admitted(get_str(self.store, key))
+        return True
+
+    def wait_admission(self, timeout_s: float) -> None:
+        if not self.poll_admission():
+            self._admitted(wait_key(self.store, f"ticket/{self.ticket}/admit", timeout_s))
+
+    def cancel(self) -> bool:
+        """Withdraw a registration; False if the coordinator admitted it first (then
+        leave through `leave()` at the first step instead)."""
+        got = self.store.compare_set(f"ticket/{self.ticket}/state", "", "cancelled")
+        return bytes(got) == b"cancelled"
+
+    def member_at(self, update: int) -> bool:
+        """Does this rank take part in `update`?"""
+        if self.epoch is not None and not self.left:
+            return True
+        return self.pending is not None and self.pending.start <= update
+
+    def leave(self) -> None:
+        """Leave after the next update (the flag rides on its all-reduce)."""
+        if self.kind == "core":
+            raise TrainerError("core replicas are fixed; only hybrid replicas leave")
+        self.leaving = True
+
+    # -- one update -------------------------------------------------------------------
+
+    def step(
+        self, samples: list[Sample] | tuple[()] = (), old: list[torch.Tensor] | None = None
+    ) -> StepResult:
+        from libra.trainer.recovery import recover
+
+        clock = time.perf_counter
+        t0 = clock()
+        tm: dict[str, float] = {}
+        u = self.update + 1
+        tm["wait_group_s"] = self._maybe_switch(u)
+        self.donor.tick()
+        if not self.ready and self.catchup.error:
+            if self.kind == "core":
+                raise TrainerError(f"{self.id}/{self.rank}: {self.catchup.error}")
+            if not self.leaving:  # give up gracefully; the driver may add it again
+                log.warning("%s/%d: %s; leaving", self.id, self.rank, self.catchup.error)
+                self.leaving = True
+        dropped: list[str] = []
+        contributed = self.ready and bool(samples)
+        t = clock()
+        stats = self._compute(list(samples), old) if self.ready else grpo.LocalStats()
+        tm["compute_s"] = clock() - t
+        while True:
+            flat = self.bufs[u % 2]
+            n = self.replica.grad_numel
+            if self.ready:
+                self.replica.pack_grads(flat)
+            else:
+                flat[:n].zero_()
+            flat[n:] = torch.tensor(self._control(stats))
+            t = clock()
+            failed = self._allreduce(flat)
+            tm["allreduce_s"] = tm.get("allreduce_s", 0.0) + clock() - t
+            total = self._intra(flat, failed)
+            if total[-2] == 0:
+                break
+            t = clock()
+            outcome = recover(self, u)
+            tm["recover_s"] = tm.get("recover_s", 0.0) + clock() - t
+            dropped += outcome.dropped
+            if not outcome.retry:
+                return self._result(u, None, 0.0, False, False, tm, t0, dropped)
+        s = self.layout.decode(total[: self.layout.size].tolist())
+        gsq, votes = float(total[-3]), int(total[-1])
+        became_ready = False
+        norm = 0.0
+        if self.ready:
+            tm["wait_copy_s"] = self.donor.wait_copied()
+            norm = self.replica.apply(flat[:n], s.tokens, gsq)
+        elif votes == self.size:
+            norm = self.replica.apply(flat[:n], s.tokens, gsq)
+            self.ready = became_ready = True
+            self.catchup.finish()
+            self.ready_after_s = clock() - self.registered_at
+        else:
+            self.catchup.push(u, flat[:n].clone(), s.tokens, gsq)
+        self.update = u
+        res = self._result(u, s, norm, self.ready, contributed, tm, t0, dropped)
+        res.became_ready = became_ready
+        res.join_latency_s = self.ready_after_s if became_ready else None
+        self._after(s, u, res)
+        res.timings["total_s"] = clock() - t0
+        return res
+
+    def _compute(self, samples: list[Sample], old: list[torch.Tensor] | None) -> grpo.LocalStats:
+        count = None
+        if self.size > 1:  # FSDP ranks of a replica must run the same number of passes
+            plans = grpo.plan_micro_batches(samples, self.cfg.grpo.micro_batch_tokens)
+            count = self.replica.intra_max(len(plans))
+        return grpo.backward(
+            self.replica.model, samples, self.cfg.grpo, dtype=self.cfg.dtype, old=old,
+            ref_model=self.replica.ref_model, count=count,
+        )  # fmt: skip
+
+    def _control(self, stats: grpo.LocalStats) -> list[float]:
+        assert self.epoch is not None
+        flags = self.rank == 0
+        admit = self._admit() if self.coordinator else 0
+        return self.layout.encode(
+            tokens=stats.tokens, samples=stats.samples, metrics=stats.metrics, admit=admit,
+            slot=self.epoch.slot(self.id) if flags else None, leave=self.leaving,
+            ready=self.ready,
+        )  # fmt: skip
+
+    def _allreduce(self, flat: torch.Tensor) -> bool:
+        try:
+            self.pg.allreduce([flat]).wait()
+            return False
+        except RuntimeError as e:
+            log.warning("%s/%d: all-reduce failed: %s", self.id, self.rank, str(e)[:200])
+            return True
+
+    def _intra(self, flat: torch.Tensor, failed: bool) -> torch.Tensor:
+        """[control sums..., sumsq, failed, ready votes] summed over the replica."""
+        n = self.replica.grad_numel
+        ctl = (
+            flat[n:].double() if not failed else torch.zeros(self.layout.size, dtype=torch.float64)
+        )
+        vote = 1.0 if (not self.ready and self.catchup.drained()) else 0.0
+        tail = torch.tensor([0.0 if failed else sumsq(flat[:n]), float(failed), vote],
+                            dtype=torch.float64)  # fmt: skip
+        v = torch.cat([ctl, tail])
+        try:
+            return self.replica.intra_sum(v)
+        except RuntimeError as e:
+            raise (TrainerError if self.kind == "core" else Dropped)(
+                f"{self.id}: a rank of this replica failed: {e}"
+            ) from None
+
+    def _result(
+        self, u: int, s: Summary | None, norm: float, applied: bool, contributed: bool,
+        tm: dict[str, float], t0: float, dropped: list[str],
+    ) -> StepResult:  # fmt: skip
+        assert self.epoch is not None
+        tm["total_s"] = time.perf_counter() - t0
+        return StepResult(
+            update=u, applied=applied, contributed=contributed,
+            tokens=s.tokens if s else 0, samples=s.samples if s else 0,
+            metrics=s.metrics if s else {}, grad_norm=norm,
+            lr=self.replica.lr_at(u), epoch=self.epoch.name, members=self.epoch.ids(),
+            dropped=dropped, timings=tm,
+        )  # fmt: skip
+
+    # -- epochs -----------------------------------------------------------------------
+
+    def _admit(self) -> int:
+        """Coordinator: admit registered tickets (compare-and-set against a cancel)."""
+        assert self.epoch is not None
+        self._joins = []
+        room = self.ecfg.max_replicas - len(self.epoch.members)
+        total = int(self.store.add("tickets", 0))
+        while self._scanned < total and len(self._joins) < room:
+            t = self._scanned + 1
+            if not self.store.check([f"ticket/{t}"]):
+                break  # registered but its record is not written yet
+            self._scanned = t
+            state = bytes(self.store.compare_set(f"ticket/{t}/state", "", "admitted"))
+            if state == b"admitted":
+                rec = json.loads(get_str(self.store, f"ticket/{t}"))
+                self._joins.append(Member(rec["id"], "hybrid", t, tuple(rec["addrs"])))
+        return len(self._joins)
+
+    def _after(self, s: Summary, u: int, res: StepResult) -> None:
+        assert self.epoch is not None
+        ep = self.epoch
+        leaving = {ep.members[k].id for k in s.leaving if k < len(ep.members)}
+        res.leaving = sorted(leaving)
+        if not leaving and s.admit == 0:
+            return
+        name = f"e{ep.number + 1}"
+        if self.coordinator:
+            ready = {ep.members[k].id for k in s.ready if k < len(ep.members)}
+            spec = next_epoch(ep, leaving=leaving, joins=self._joins, ready=ready, start=u + 1)
+            self.store.set(f"epoch/{name}", spec.to_json())
+            self.next_spec = spec
+            for m in self._joins:
+                self.store.set(f"ticket/{m.ticket}/admit", name)
+            res.joining = [m.id for m in self._joins]
+            self._joins = []
+        if self.id in leaving:
+            self.left = res.left = True
+            return
+        self.pending = Pending(name, u + 1, self._builder(name))
+
+    def _builder(self, name: str) -> Background:
+        return Background(lambda: self._build_named(name), f"build-{name}")
+
+    def _admitted(self, name: str) -> None:
+        spec = Epoch.from_json(wait_key(self.store, f"epoch/{name}", self.ecfg.timeout_s))
+        self.next_spec = spec
+        self.pending = Pending(name, spec.start, self._builder(name))
+        self.update = spec.start - 1
+        self.catchup.expect(token(spec, self.id, self.rank))
+
+    def _build_named(self, name: str) -> tuple[Epoch, Any]:
+        store = connect(self.host, self.port, self.prefix)
+        spec = Epoch.from_json(wait_key(store, f"epoch/{name}", self.ecfg.timeout_s))
+        if self.id not in spec.ids():
+            raise Dropped(f"{self.id} is not a member of epoch {name}")
+        return spec, self._build(spec, store)
+
+    def _build(self, ep: Epoch, store: Any = None) -> Any:
+        return make_group(
+            store or connect(self.host, self.port, self.prefix), f"{ep.name}/s{self.rank}",
+            ep.slot(self.id), len(ep.members), timeout_s=self.ecfg.timeout_s, host=self.host,
+        )  # fmt: skip
+
+    def _maybe_switch(self, u: int) -> float:
+        if self.pending is None:
+            return 0.0
+        t = time.perf_counter()
+        spec, pg = self.pending.job.result(self.ecfg.timeout_s + 30)
+        if spec.start != u:
+            raise TrainerError(f"{self.id}: epoch {spec.name} starts at {spec.start}, not {u}")
+        self.switch(spec, pg)
+        return time.perf_counter() - t
+
+    def switch(self, spec: Epoch, pg: Any) -> None:
+        """Make `spec` current; hand donor jobs to the snapshot streamer."""
+        retire(self.pg)
+        self.epoch, self.pg, self.pending, self.next_spec = spec, pg, None, None
+        jobs = [
+            Job(token(spec, j, self.rank), spec.member(j).addrs[self.rank])
+            for j in spec.recipients(self.id)
+        ]
+        if jobs:
+            self.donor.add(jobs)
+
+    def rejoin_reset(self) -> None:
+        """After leaving: forget the old membership so this process can register again
+        (its state is stale; a new snapshot will overwrite it)."""
+        retire(self.pg)
+        self.pg, self.epoch, self.pending, self.next_spec = None, None, None, None
+        self.ready = self.leaving = self.left = False
+        self.ready_after_s = None
+
+    def close(self) -> None:
+        self.donor.close()
+        self.catchup.stop()
+        self.listener.close()
+        retire(self.pg)
+        self.pg = None
+
+
+@dataclass(slots=True)
+class Pending:
+    """The next epoch: its name, first update, and the background build of its group."""
+
+    name: str
+    start: int
+    job: Background
+
+
+__all__ = ["Dropped", "ElasticWorker", "StepResult", "TrainerError", "token"]

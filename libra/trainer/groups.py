@@ -1,0 +1,105 @@
+"""The rendezvous store and the per-epoch cross-replica process groups.
+
+One TCPStore serves the whole run (hosted by the driver, or by a test). Groups of an
+epoch are constructed directly, `ProcessGroupGloo(PrefixStore("{epoch}/s{shard}",
+store), rank, size)`: `new_group` cannot include a process that was not in the
+original world, and a replica's own internal group (the process's default group) must
+never be rebuilt. Construction runs in a thread (it releases the GIL while it waits
+for peers), so the next epoch's group is built while the current step computes.
+
+Each thread that may block on the store gets its own client: a TCPStore client
+serialises its operations, and a blocking `wait` would stall every other caller.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed import PrefixStore, ProcessGroupGloo, Store, TCPStore
+
+STORE_TIMEOUT = datetime.timedelta(seconds=300)
+
+
+def host_store(host: str = "127.0.0.1", port: int = 0) -> TCPStore:
+    """Start the run's store server in this process."""
+    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
+
+
+def connect(host: str, port: int, prefix: str = "") -> Store:
+    """A new client connection (one per thread that may block on it)."""
+    store: Store = TCPStore(host, port, is_master=False, timeout=STORE_TIMEOUT)
+    return PrefixStore(prefix, store) if prefix else store
+
+
+def make_group(
+    store: Store, prefix: str, rank: int, size: int, *, timeout_s: float, host: str
+) -> ProcessGroupGloo:
+    """A gloo group over `PrefixStore(prefix, store)`; blocks until all `size` join."""
+    opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    opts._devices = [ProcessGroupGloo.create_device(hostname=host)]
+    return ProcessGroupGloo(PrefixStore(prefix, store), rank, size, opts)
+
+
+def get_str(store: Store, key: str) -> str:
+    return bytes(store.get(key)).decode()
+
+
+def wait_key(store: Store, key: str, timeout_s: float) -> str:
+    """Block until `key` exists (TimeoutError after `timeout_s`), return its value."""
+    try:
+        store.wait([key], datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:  # c10d reports a store timeout as DistStoreError
+        raise TimeoutError(f"store key {key!r} not set within {timeout_s:.0f}s") from e
+    return get_str(store, key)
+
+
+class Background:
+    """Run `fn` in a daemon thread; `result()` waits for it. Used to build the next
+    epoch's group off the critical path. An abandoned build (after a failure) is left
+    to time out on its own: gloo cannot be interrupted."""
+
+    def __init__(self, fn: Callable[[], Any], name: str):
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"{self._thread.name} did not finish within {timeout_s}s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def retire(pg: ProcessGroupGloo | None) -> None:
+    """Drop a group without blocking the caller (a shutdown can wait on a dead peer)."""
+    if pg is None:
+        return
+
+    def _shutdown() -> None:
+        try:
+            pg.shutdown()
+        except Exception:
+            pass
+
+    threading.Thread(target=_shutdown, name="retire-group", daemon=True).start()
+
+
+__all__ = ["Background", "connect", "get_str", "host_store", "make_group", "retire", "wait_key"]

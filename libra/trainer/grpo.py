@@ -1,0 +1,257 @@
+"""The GRPO loss in torch: token log-probs at the sampling temperature, clipped ratio,
+truncated importance correction with the rollout log-probs, optional k3 KL.
+
+Every function returns *sums over loss tokens*, never means: the elastic all-reduce
+sums gradients and token counts across replicas and divides once, so the loss is the
+global token mean no matter how tokens are spread over replicas (DAPO's token-level
+aggregation).
+
+Per loss token t of a sample with advantage A (see docs/grpo.md):
+
+    r_t   = exp(logp_t - old_t)                      old: trainer log-prob before this update
+    pg_t  = -min(r_t * A, clip(r_t, 1 - eps_lo, 1 + eps_hi) * A)
+    w_t   = min(exp(old_t - rollout_t), tis_cap)     (rollout_correction = "tis"; else 1)
+    kl_t  = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
+    loss  = sum_t (w_t * pg_t + kl_coef * kl_t) / N_tokens (N over all replicas)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from libra.trainer.config import GRPOConfig
+from libra.trainer.samples import Sample
+
+METRICS = ("loss", "pg", "kl", "clipped", "tis_capped", "mismatch_kl", "rollout_tokens")
+"""Summed per-token statistics every replica contributes (see `LocalStats`)."""
+
+
+@dataclass(slots=True)
+class LocalStats:
+    """What one rank's backward produced: loss-token count and metric sums."""
+
+    tokens: int = 0
+    samples: int = 0
+    metrics: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METRICS, 0.0))
+
+    def add(self, other: LocalStats) -> None:
+        self.tokens += other.tokens
+        self.samples += other.samples
+        for k, v in other.metrics.items():
+            self.metrics[k] += v
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """Padded tensors for a forward pass; position t predicts token t + 1."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long
+    mask: torch.Tensor  # [B, T-1] float: 1 where token t+1 carries loss
+    rollout: torch.Tensor  # [B, T-1] float: rollout log-prob of token t+1 (or nan)
+    advantage: torch.Tensor  # [B, 1] float
+    lengths: list[int]
+    prompt_lens: list[int]
+
+
+def collate(samples: Sequence[Sample]) -> MicroBatch:
+    b, t = len(samples), max(s.length for s in samples)
+    ids = torch.zeros(b, t, dtype=torch.long)
+    att = torch.zeros(b, t, dtype=torch.long)
+    mask = torch.zeros(b, t - 1)
+    rollout = torch.full((b, t - 1), float("nan"))
+    for i, s in enumerate(samples):
+        n, p = s.length, s.prompt_len
+        ids[i, :n] = torch.tensor(s.input_ids)
+        att[i, :n] = 1
+        # response token j sits at position p + j and is predicted at p + j - 1
+        mask[i, p - 1 : n - 1] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        if s.rollout_logprobs:
+            rollout[i, p - 1 : n - 1] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    adv = torch.tensor([[s.advantage] for s in samples], dtype=torch.float32)
+    return MicroBatch(ids, att, mask, rollout, adv, [s.length for s in samples],
+                      [s.prompt_len for s in samples])  # fmt: skip
+
+
+def plan_micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
+    """Indices of samples per micro-batch, each at most `budget` padded tokens (a longer
+    sample gets a micro-batch of its own). Sorted by length so padding stays small."""
+    order = sorted(range(len(samples)), key=lambda i: samples[i].length)
+    plans: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = samples[i].length  # ascending order: the newest is the longest
+        if cur and longest * (len(cur) + 1) > budget:
+            plans.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        plans.append(cur)
+    return plans
+
+
+def _autocast(dtype: str) -> contextlib.AbstractContextManager:
+    if dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def token_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, temperature: float, dtype: str = "float32"
+) -> torch.Tensor:
+    """log softmax(logits / temperature) of each next token: [B, T-1] (float32)."""
+    with _autocast(dtype):
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    logits = logits[:, :-1].float() / temperature
+    targets = mb.input_ids[:, 1:].unsqueeze(-1)
+    return (logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)).float()
+
+
+def token_loss(
+    logp: torch.Tensor,
+    old: torch.Tensor,
+    rollout: torch.Tensor,
+    advantage: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: GRPOConfig,
+    ref: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Summed GRPO loss over masked tokens and the metric sums (see module doc).
+
+    `rollout` holds nan where the endpoint's log-prob is unknown (weight 1 there).
+    """
+    old = old.detach()
+    ratio = torch.exp(logp - old)
+    unclipped = ratio * advantage
+    clipped = torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high) * advantage
+    pg = -torch.minimum(unclipped, clipped)
+    known = ~torch.isnan(rollout)
+    diff = torch.where(known, old - rollout, torch.zeros_like(old))  # log(pi_old / pi_rollout)
+    if cfg.rollout_correction == "tis":
+        weight = torch.exp(diff).clamp(max=cfg.tis_cap)
+        pg = pg * weight
+    else:
+        weight = torch.ones_like(pg)
+    loss = pg
+    kl = torch.zeros_like(pg)
+    if ref is not None and cfg.kl_coef > 0:
+        d = ref.detach() - logp
+        kl = torch.exp(d) - d - 1
+        loss = pg + cfg.kl_coef * kl
+    m = mask
+    total = (loss * m).sum()
+    with torch.no_grad():
+        km = m * known
+        stats = {
+            "loss": float(total),
+            "pg": float((pg * m).sum()),
+            "kl": float((kl * m).sum()),
+            "clipped": float(((clipped < unclipped) * m).sum()),
+            "tis_capped": float(((weight >= cfg.tis_cap) * km).sum())
+            if cfg.rollout_correction == "tis"
+            else 0.0,
+            # k3 estimate of KL(rollout || trainer) from tokens the rollout sampled
+            "mismatch_kl": float(((torch.exp(diff) - diff - 1) * km).sum()),
+            "rollout_tokens": float(km.sum()),
+        }
+    return total, stats
+
+
+def micro_batches(
+    samples: Sequence[Sample], budget: int, count: int | None = None
+) -> Iterator[tuple[list[int], MicroBatch | None]]:
+    """The micro-batches of `samples`, padded with `None` entries up to `count` (FSDP
+    ranks of one replica must run the same number of passes)."""
+    plans = plan_micro_batches(samples, budget)
+    for idx in plans:
+        yield idx, collate([samples[i] for i in idx])
+    for _ in range(max(0, (count or 0) - len(plans))):
+        yield [], None
+
+
+def dummy_pass(model: torch.nn.Module) -> None:
+    """A forward/backward that adds zero to every gradient: keeps an FSDP rank with no
+    data in step with its replica's collectives."""
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    (out.sum() * 0.0).backward()
+
+
+def backward(
+    model: torch.nn.Module,
+    samples: Sequence[Sample],
+    cfg: GRPOConfig,
+    *,
+    dtype: str = "float32",
+    old: Sequence[torch.Tensor] | None = None,
+    ref_model: torch.nn.Module | None = None,
+    count: int | None = None,
+) -> LocalStats:
+    """Accumulate d(summed loss)/d(params) into `.grad` over `samples`.
+
+    `old[i]` is sample i's per-position trainer log-prob before this version's first
+    update ([length - 1]); None uses the current log-probs (ratio 1: one update per
+    batch). `count` forces that many passes (dummy ones when data runs out).
+    """
+    stats = LocalStats()
+    for idx, mb in micro_batches(samples, cfg.micro_batch_tokens, count):
+        if mb is None:
+            dummy_pass(model)
+            continue
+        logp = token_logprobs(model, mb, cfg.temperature, dtype)
+        if old is None:
+            prev = logp.detach()
+        else:
+            prev = torch.zeros_like(logp)
+            for row, i in enumerate(idx):
+                prev[row, : old[i].numel()] = old[i]
+        ref = None
+        if ref_model is not None and cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref = token_logprobs(ref_model, mb, cfg.temperature, dtype)
+        total, m = token_loss(logp, prev, mb.rollout, mb.advantage, mb.mask, cfg, ref)
+        total.backward()
+        part = LocalStats(tokens=int(mb.mask.sum()), samples=len(idx), metrics=m)
+        stats.add(part)
+    return stats
+
+
+@torch.no_grad()
+def old_logprobs(
+    model: torch.nn.Module,
+    samples: Sequence[Sample],
+    cfg: GRPOConfig,
+    *,
+    dtype: str = "float32",
+    count: int | None = None,
+) -> list[torch.Tensor]:
+    """Per-sample trainer log-probs under the current weights (before any update of
+    this version): the `old` of the clipped ratio when a step has several updates."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+    for idx, mb in micro_batches(samples, cfg.micro_batch_tokens, count):
+        if mb is None:
+            ids = torch.zeros(1, 2, dtype=torch.long)
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            continue
+        logp = token_logprobs(model, mb, cfg.temperature, dtype)
+        for row, i in enumerate(idx):
+            out[i] = logp[row, : mb.lengths[row] - 1].clone()
+    return out
+
+
+__all__ = [
+    "METRICS",
+    "LocalStats",
+    "MicroBatch",
+    "backward",
+    "collate",
+    "dummy_pass",
+    "old_logprobs",
+    "plan_micro_batches",
+    "token_logprobs",
+    "token_loss",
+]

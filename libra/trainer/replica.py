@@ -1,0 +1,183 @@
+"""One rank of a data-parallel replica: model, AdamW, and the flat layouts the elastic
+layer moves (gradients out, averaged gradients in, state snapshots both ways).
+
+A replica of several ranks is sharded with FSDP2 `fully_shard` over its own process
+group (the process's default group, built once and never rebuilt). Every tensor here
+is the rank's *local shard*; shard j of every replica has the same layout, so the
+cross-replica domain all-reduces shard j with shard j.
+
+`apply` is the one place an optimizer update happens, for live steps and for a
+joiner's replay alike, so a replayed update is bit-identical to the live one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from libra.trainer.config import TrainerConfig
+from libra.trainer.model import load_model
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local tensor behind a (possibly DTensor) parameter or state, aliasing it."""
+    with torch.no_grad():
+        return t.to_local() if hasattr(t, "to_local") else t
+
+
+def shard(model: torch.nn.Module, size: int) -> None:
+    """FSDP2 over the default group: each decoder layer, then the root; plain sums."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (size,))
+    units = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for m in units:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for m in [*units, model]:
+        # Sum (not average) inside the replica: the elastic layer divides by the global
+        # token count once. Gloo has no PREMUL_SUM, so force plain SUM collectives.
+        m.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+        m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+
+
+class Replica:
+    """Model + optimizer of one rank. `rank`/`size` are inside the replica."""
+
+    def __init__(self, cfg: TrainerConfig, *, rank: int = 0, size: int = 1, model_dir=None):
+        self.cfg = cfg
+        self.rank, self.size = rank, size
+        self.model = load_model(model_dir or cfg.model)
+        if size > 1:
+            shard(self.model, size)
+        self.ref_model = None
+        if cfg.grpo.kl_coef > 0:
+            self.ref_model = load_model(cfg.model).eval().requires_grad_(False)
+        o = cfg.optim
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+            foreach=False,
+        )  # fmt: skip
+        # Explicit state and persistent gradients: a joiner that never ran backward has
+        # the same tensors to receive a snapshot into, and backward accumulates in place.
+        for p in self.params:
+            self.optimizer.state[p] = {
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
+            p.grad = torch.zeros_like(p)
+        self.numels = [_local(p).numel() for p in self.params]
+        self.grad_numel = sum(self.numels)
+        self.updates = 0
+        """Optimizer updates applied to this state."""
+
+    # -- layouts ----------------------------------------------------------------------
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The snapshot layout: parameters, then exp_avg, then exp_avg_sq (local shards)."""
+        st = self.optimizer.state
+        return (
+            [_local(p) for p in self.params]
+            + [_local(st[p]["exp_avg"]) for p in self.params]
+            + [_local(st[p]["exp_avg_sq"]) for p in self.params]
+        )
+
+    @property
+    def state_numel(self) -> int:
+        return 3 * self.grad_numel
+
+    def set_updates(self, n: int) -> None:
+        self.updates = n
+        for p in self.params:
+            self.optimizer.state[p]["step"].fill_(float(n))
+
+    def state_hash(self) -> str:
+        """blake2b of parameters + Adam state (+ update count) of this rank's shard."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(str(self.updates).encode())
+        for t in self.state_tensors():
+            h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def _grads(self) -> Iterator[tuple[torch.Tensor, int, int]]:
+        off = 0
+        for p, n in zip(self.params, self.numels, strict=True):
+            assert p.grad is not None
+            yield _local(p.grad), off, n
+            off += n
+
+    # -- gradients --------------------------------------------------------------------
+
+    def pack_grads(self, flat: torch.Tensor) -> None:
+        """Copy the local gradient shards into `flat[:grad_numel]`."""
+        for g, off, n in self._grads():
+            flat[off : off + n].copy_(g.reshape(-1))
+
+    def zero_grads(self) -> None:
+        for g, _, _ in self._grads():
+            g.zero_()
+
+    def lr_at(self, update: int) -> float:
+        o = self.cfg.optim
+        if o.warmup_updates and update < o.warmup_updates:
+            return o.lr * update / o.warmup_updates
+        return o.lr
+
+    def apply(self, flat: torch.Tensor, tokens: float, sumsq: float) -> float:
+        """One update from a summed gradient: divide by the global token count, clip by
+        the global norm (from `sumsq`, the replica-wide sum of squares of the summed
+        gradient), AdamW. Returns the pre-clip norm of the averaged gradient."""
+        self.updates += 1
+        if tokens <= 0:  # nobody trained: a no-op update on every replica alike
+            self.zero_grads()
+            return 0.0
+        scale = 1.0 / tokens
+        norm = math.sqrt(sumsq) * scale
+        mult = scale
+        limit = self.cfg.optim.max_grad_norm
+        if limit is not None and norm > limit:
+            mult = scale * limit / (norm + 1e-6)
+        with torch.no_grad():
+            for g, off, n in self._grads():
+                g.copy_(flat[off : off + n].view_as(g))
+                g.mul_(mult)
+        lr = self.lr_at(self.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.zero_grads()
+        return norm
+
+    # -- replica-internal collectives -------------------------------------------------
+
+    def intra_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a small float64 vector over the replica's ranks (identity for one rank)."""
+        if self.size > 1:
+            dist.all_reduce(values)
+        return values
+
+    def intra_max(self, value: int) -> int:
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+
+def sumsq(flat: torch.Tensor, chunk: int = 1 << 20) -> float:
+    """Sum of squares of a gradient vector, accumulated in float64 chunk by chunk (a
+    fixed order, so every replica computes the same bits from the same vector)."""
+    total = 0.0
+    for i in range(0, flat.numel(), chunk):
+        total += float(flat[i : i + chunk].double().square().sum())
+    return total
+
+
+__all__ = ["Replica", "shard", "sumsq"]

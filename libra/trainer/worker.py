@@ -1,0 +1,148 @@
+"""The trainer process: one rank of one replica, driven by `ElasticTrainer` over a pipe.
+
+Commands (tuples) and replies:
+
+    ("version", v, [samples per mini-batch])  -> ("ok", None)     this rank's share
+    ("update", u, m)      -> ("step", StepResult) | ("skip", None)  mini-batch m as update u
+    ("leave",)            -> ("ok", None)     leave at the next update (or withdraw)
+    ("save", dir, meta, optimizer: bool) -> ("ok", path | None)
+    ("hash",)             -> ("ok", state hash of this rank)
+    ("stop",)             -> ("ok", None), then exit
+
+On start the process sends ("ready", info) once its replica is built (and, for a
+hybrid, its join ticket is registered). While idle it watches the store for a recovery
+opened by other ranks, so a rank that already finished an update can join it.
+Errors go back as ("error", message); the process then exits.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+log = logging.getLogger("libra.trainer")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    config: str
+    """TrainerConfig as JSON."""
+    member_id: str
+    kind: str
+    rank: int
+    size: int
+    core_ids: list[str]
+    port: int
+    resume: str | None = None
+
+
+def main(spec: WorkerSpec, conn: Connection) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    logging.basicConfig(
+        level=os.environ.get("LIBRA_LOG", "WARNING"),
+        format=f"[{spec.member_id}/{spec.rank}] %(levelname)s %(message)s",
+    )
+    try:
+        _serve(spec, conn)
+    except (EOFError, KeyboardInterrupt):
+        pass  # the driver went away
+    except BaseException as e:
+        msg = f"{type(e).__name__}: {e}"
+        log.error("%s\n%s", msg, traceback.format_exc())
+        try:
+            conn.send(("error", msg))
+        except OSError:
+            pass
+
+
+def _serve(spec: WorkerSpec, conn: Connection) -> None:
+    import torch.distributed as dist
+
+    from libra.trainer import checkpoint, grpo
+    from libra.trainer.config import TrainerConfig
+    from libra.trainer.elastic import ElasticWorker
+    from libra.trainer.groups import connect
+    from libra.trainer.recovery import pending, recover
+    from libra.trainer.replica import Replica
+
+    cfg = TrainerConfig.model_validate_json(spec.config)
+    if spec.size > 1:
+        dist.init_process_group(
+            "gloo", store=connect(cfg.elastic.host, spec.port, f"replica/{spec.member_id}"),
+            rank=spec.rank, world_size=spec.size,
+            timeout=datetime.timedelta(seconds=cfg.elastic.timeout_s),
+        )  # fmt: skip
+    replica = Replica(cfg, rank=spec.rank, size=spec.size, model_dir=spec.resume)
+    if spec.resume and spec.kind == "core":
+        checkpoint.load_optimizer(replica, spec.resume)
+    w = ElasticWorker(cfg, replica, member_id=spec.member_id, kind=spec.kind,  # type: ignore[arg-type]
+                      store_port=spec.port)  # fmt: skip
+    if spec.kind == "core":
+        w.start_core(spec.core_ids)
+    else:
+        w.register()
+    conn.send(("ready", {"ticket": w.ticket, "updates": replica.updates}))
+    shares: list[list[Any]] = []
+    old: list[list[torch.Tensor] | None] = []
+    while True:
+        if not conn.poll(0.05):
+            if w.epoch is not None and not w.left and pending(w):
+                recover(w, w.update + 1)
+            continue
+        cmd = conn.recv()
+        op = cmd[0]
+        if op == "version":
+            shares, old = cmd[2], [None] * len(cmd[2])
+            if cfg.grpo.minibatches > 1 and w.ready:  # the ratio's `old`: before any update
+                old = [grpo.old_logprobs(replica.model, s, cfg.grpo, dtype=cfg.dtype,
+                                         count=_count(w, s)) for s in shares]  # fmt: skip
+            conn.send(("ok", None))
+        elif op == "update":
+            u, m = cmd[1], cmd[2]
+            if w.left or (w.epoch is None and not (w.poll_admission() and w.member_at(u))):
+                conn.send(("skip", None))
+                continue
+            mine = shares[m] if w.ready and m < len(shares) else []
+            res = w.step(mine, old[m] if w.ready and m < len(old) else None)
+            conn.send(("step", res))
+            if res.left:
+                break
+        elif op == "leave":
+            if w.epoch is None and w.pending is None and w.cancel():
+                conn.send(("ok", "withdrawn"))
+                break
+            w.leave()
+            conn.send(("ok", None))
+        elif op == "save":
+            path = checkpoint.save(replica, cmd[1], cfg.model, cmd[2]) if cmd[3] else \
+                checkpoint.save_model(replica, cmd[1], cfg.model)  # fmt: skip
+            conn.send(("ok", str(path) if path else None))
+        elif op == "hash":
+            conn.send(("ok", replica.state_hash()))
+        elif op == "stop":
+            conn.send(("ok", None))
+            break
+    w.close()
+    if spec.size > 1:
+        dist.destroy_process_group()
+
+
+def _count(w: Any, samples: list[Any]) -> int | None:
+    """FSDP ranks of one replica agree on the number of forward passes."""
+    if w.size == 1:
+        return None
+    from libra.trainer.grpo import plan_micro_batches
+
+    n = len(plan_micro_batches(samples, w.cfg.grpo.micro_batch_tokens))
+    return int(w.replica.intra_max(n))
+
+
+__all__ = ["WorkerSpec", "main"]

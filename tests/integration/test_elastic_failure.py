@@ -1,0 +1,77 @@
+"""A hybrid that crashes or hangs is dropped and the core trains on.
+
+Gloo cannot abort a collective: a crashed peer fails the all-reduce at once (its
+sockets close), a hung one only at the group's timeout, which bounds the core's stall.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from libra.trainer.groups import host_store
+from libra.trainer.scenario import MemberPlan
+from tests.integration.test_elastic_helpers import config, micro_model, run_scenario
+
+TIMEOUT_S = 8.0
+
+
+def _run(d, *, kill_when, sig, rate=None):
+    model = micro_model(d / "model")
+    store = host_store()
+    cfg = config(model, timeout_s=TIMEOUT_S, report_window_s=1.0, snapshot_rate_mb_s=rate)
+    common = {"core_ids": ["c0"], "config": cfg, "port": store.port, "size": 1, "max_updates": 40}
+    plans = [
+        MemberPlan(id="c0", kind="core", rank=0, log=str(d / "c0.jsonl"), **common),
+        MemberPlan(
+            id="h0",
+            kind="hybrid",
+            rank=0,
+            log=str(d / "h0.jsonl"),
+            cycles=1,
+            ready_updates=1000,
+            **common,
+        ),
+    ]
+    return run_scenario(plans, timeout=900, kill=("h0-0", kill_when, sig))
+
+
+def _after_drop(core: list[dict]) -> tuple[dict, list[dict]]:
+    drops = [r for r in core if r["dropped"]]
+    assert len(drops) == 1 and drops[0]["dropped"] == ["h0"]
+    i = core.index(drops[0])
+    return drops[0], core[i + 1 :]
+
+
+def test_joiner_killed_mid_snapshot_is_dropped_and_core_continues(tmp_path):
+    # A slow snapshot (0.05 MB/s of ~0.3 MB): kill the joiner after two zero updates.
+    logs = _run(
+        tmp_path,
+        rate=0.05,
+        sig=signal.SIGKILL,
+        kill_when=lambda rows: sum(not r["applied"] for r in rows) >= 2,
+    )
+    h = logs["h0-0"]
+    assert not any(r["applied"] for r in h)  # it never caught up: killed mid-snapshot
+    core = logs["c0-0"]
+    drop, after = _after_drop(core)
+    assert drop["applied"] and drop["members"] == ["c0"]  # the same update, redone alone
+    assert drop["timings"]["recover_s"] < TIMEOUT_S  # a crash is seen at once
+    assert [r["update"] for r in core] == list(range(1, 41))  # trained to the end
+    assert after and all(r["applied"] and r["members"] == ["c0"] for r in after)
+
+
+def test_hung_hybrid_is_dropped_after_the_timeout(tmp_path):
+    # SIGSTOP a ready hybrid: the core's all-reduce waits out the gloo timeout.
+    logs = _run(
+        tmp_path,
+        sig=signal.SIGSTOP,
+        kill_when=lambda rows: sum(r["contributed"] for r in rows) >= 2,
+    )
+    core = logs["c0-0"]
+    drop, after = _after_drop(core)
+    waited = drop["timings"]["allreduce_s"] + drop["timings"]["recover_s"]
+    assert waited >= TIMEOUT_S * 0.9  # bounded below by the timeout: gloo cannot abort ...
+    assert drop["timings"]["total_s"] < TIMEOUT_S + 1.0 + 60  # ... and above by it (+ slack)
+    assert after and all(r["applied"] for r in after)
+    hashes = {r["update"]: r["hash"] for r in logs["h0-0"] if r["applied"]}
+    assert hashes and all(hashes[u] == core[u - 1]["hash"] for u in hashes)
