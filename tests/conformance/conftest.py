@@ -98,6 +98,7 @@ def vllm_engines(tiny_model: Path) -> Iterator[dict[str, Engine]]:
         ],
         max_num_seqs=64,
         dtype="float32",
+        enforce_eager=True,  # no torch.compile warm-up: starts in a fraction of the time
         startup_timeout_s=float(os.environ.get("LIBRA_VLLM_START_TIMEOUT", "300")),
         start_retries=1,
         log_dir=os.environ.get("LIBRA_VLLM_LOG_DIR"),
