@@ -40,6 +40,15 @@ def search_turn(prompt: str, responses: list[str]) -> str:
     return f'<tool_call>{{"name": "search", "arguments": {args}}}</tool_call>'
 
 
+HOSTILE = {
+    "oom": ("head -c 400000000 /dev/zero | tail -c 300000000 > /dev/null; echo exit=$?", 120),
+    "fork": ("(bomb() { bomb | bomb & }; bomb) 2>&1 | head -c 300; sleep 5", 10),
+    "loop": ("while :; do :; done", 2),
+    "flood": ("head -c 1000000000 /dev/zero | tr '\\0' x", 60),
+}
+"""`DIRECTIVE:hostile-<kind>`: one `bash` call running hostile code, then an answer."""
+
+
 def respond(prompt: str) -> tuple[str, bool]:
     """(text, ends_with_eos) the scripted model generates for a decoded prompt."""
     directive = m.group(1) if (m := _DIRECTIVE.search(prompt)) else "arith"
@@ -53,6 +62,10 @@ def respond(prompt: str) -> tuple[str, bool]:
         return call % expr, True
     if directive == "search":
         return search_turn(prompt, responses), True
+    if directive.startswith("hostile-") and not responses:
+        cmd, timeout = HOSTILE[directive.removeprefix("hostile-")]
+        args = orjson.dumps({"command": cmd, "timeout": timeout}).decode()
+        return f'<tool_call>{{"name": "bash", "arguments": {args}}}</tool_call>', True
     if directive in ("fetch-short", "fetch-long"):
         # Causal episodes for routing tests: a short one fetches once; a long one fetches
         # three times, each fetch returning a big page.
