@@ -29,6 +29,7 @@ from libra.planner import (
 )
 from libra.planner.validation import decode_checks, decode_table, kv_log_check, uniform_batch
 
+GIB_ = 1024**3
 A800 = load_hardware("a800-80g")
 H200 = load_hardware("h200-141g")
 
@@ -229,3 +230,21 @@ def test_rollout_is_far_more_length_sensitive_than_training():
     assert 60 < roll_x < 150  # super-linear: 32x the steps, each reading 32x the KV
     assert 32 < train_x < 70  # near-linear: only attention is quadratic
     assert roll_x > 1.5 * train_x
+
+
+def test_a_profile_file_is_a_hardware(tmp_path):
+    text = (
+        'id = "my-gpu"\nmemory_gib = 48\nhbm_tbps = 0.96\nbf16_tflops = 181\n'
+        "intra_node_gbps = 32\ninter_node_gbps = 12.5\ndevices_per_node = 4\n"
+        "[efficiency]\nhbm = 0.85\n"
+    )
+    (tmp_path / "my.toml").write_text(text)
+    hw = load_hardware(str(tmp_path / "my.toml"))
+    assert hw.id == "my-gpu" and hw.devices_per_node == 4 and hw.eff.hbm == 0.85
+    assert hw.memory_bytes == 48 * GIB_ and hw.flops == 181e12
+    # TP 8 does not fit a 4-device node; TP 4 does.
+    m = load_model("qwen3-4b")
+    assert not instance_cost(m, hw, 8).fits and instance_cost(m, hw, 4).fits
+    (tmp_path / "bad.toml").write_text('id = "x"\nmemory_gib = 48\n')
+    with pytest.raises(ConfigError, match="missing key 'hbm_tbps'"):
+        load_hardware(str(tmp_path / "bad.toml"))
