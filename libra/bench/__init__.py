@@ -9,4 +9,5 @@ BENCHMARKS: dict[str, str] = {
     "planner": "planner",
     "elastic": "elastic",
     "sandbox": "sandbox",
+    "service": "service",
 }

@@ -150,12 +150,15 @@ async def trajectories(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     chunks = episode_chunks(batch, after) if unit == "episode" else group_chunks(batch, after)
     manager.readers += 1
+    batch.readers += 1
     try:
         async for chunk in chunks:
             await resp.write(chunk)  # waits while the client is slow: episodes go on
         await resp.write_eof()
     finally:
         manager.readers -= 1
+        batch.readers -= 1
+        manager.evict()
     return resp
 
 

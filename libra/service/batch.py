@@ -34,6 +34,8 @@ class Batch:
     """Running episodes by id."""
     queued_since: float = field(default_factory=time.monotonic)
     completing: bool = False
+    readers: int = 0
+    """Open streams of this batch (a finished batch stays loaded while it has any)."""
 
     @property
     def total(self) -> int:

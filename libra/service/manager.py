@@ -36,6 +36,11 @@ from libra.service.spool import Spool, Syncer, write_json_atomic
 
 log = logging.getLogger("libra.service")
 
+KEEP_LOADED = 16
+"""Finished batches kept in memory (index, open file); older ones without readers are
+dropped and re-read from the spool when asked for again (a trainer submitting a batch
+per step must not run the process out of memory or file descriptors)."""
+
 
 class BatchManager:
     def __init__(
@@ -159,6 +164,7 @@ class BatchManager:
             doc = orjson.loads((folder / "batch.json").read_bytes())
             batch = self._open(doc, _read_state(folder).get("state", "done"))
             batch.spool.close()
+            batch.completing = True
             self._terminal.discard(batch_id)
         if batch is None:
             raise RequestError(404, f"no batch {batch_id!r} here; submit it with POST /v1/rollouts")
@@ -303,6 +309,16 @@ class BatchManager:
         await asyncio.to_thread(write_json_atomic, batch.spool.folder / "state.json", state)
         batch.spool.close()
         batch.runner = None
+        self.evict()
+
+    def evict(self) -> None:
+        """Unload finished batches beyond the newest `KEEP_LOADED` that nobody streams."""
+        done = [b for b in self.batches.values() if b.spool.closed]
+        for b in done[: max(0, len(done) - KEEP_LOADED)]:
+            if b.readers == 0:
+                b.spool.release()
+                del self.batches[b.id]
+                self._terminal.add(b.id)
 
 
 def _read_state(folder: Path) -> dict[str, Any]:

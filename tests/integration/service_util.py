@@ -75,5 +75,16 @@ class Service:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=30)
 
+    def close(self) -> None:
+        """End of a test: a graceful stop (engines the service launched stop with it),
+        SIGKILL if that hangs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
     def log(self, i: int = -1) -> str:
         return self.logs[i].read_text()

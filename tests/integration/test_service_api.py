@@ -31,7 +31,7 @@ def services() -> Iterator[list[Service]]:
     made: list[Service] = []
     yield made
     for s in made:
-        s.kill()
+        s.close()
 
 
 async def call(method: str, url: str, body: Any = None, raw: bytes | None = None,

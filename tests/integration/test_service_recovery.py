@@ -26,7 +26,7 @@ def services() -> Iterator[list[Service]]:
     made: list[Service] = []
     yield made
     for s in made:
-        s.kill()
+        s.close()
 
 
 async def test_kill_endpoint_and_service_mid_batch_loses_and_repeats_nothing(

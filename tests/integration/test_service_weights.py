@@ -19,7 +19,7 @@ def services() -> Iterator[list[Service]]:
     made: list[Service] = []
     yield made
     for s in made:
-        s.kill()
+        s.close()
 
 
 async def test_weight_update_reaches_the_engine_and_stamps_later_turns(
