@@ -232,8 +232,10 @@ class ElasticTrainer:
                     raise TrainerError(f"replica {rid} did not start in {START_TIMEOUT_S:.0f}s")
             self._expect(rid, r.conn.recv(), "ready")
         st = self._status[rid]
-        st.state = "ready" if st.kind == "core" else "waiting"
         st.start_s = time.perf_counter() - self._spawned[rid]
+        if st.kind == "hybrid":
+            self._ask(rid, ("register",))
+        st.state = "ready" if st.kind == "core" else "waiting"
 
     def _poll_starting(self) -> None:
         for rid, st in self._status.items():

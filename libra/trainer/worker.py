@@ -2,6 +2,7 @@
 
 Commands (tuples) and replies:
 
+    ("register",)         -> ("ok", ticket)   hybrids: ask to join (admitted later)
     ("version", v, [samples per mini-batch])  -> ("ok", None)     this rank's share
     ("update", u, m)      -> ("step", StepResult) | ("skip", None)  mini-batch m as update u
     ("leave",)            -> ("ok", None)     leave at the next update (or withdraw)
@@ -9,8 +10,9 @@ Commands (tuples) and replies:
     ("hash",)             -> ("ok", state hash of this rank)
     ("stop",)             -> ("ok", None), then exit
 
-On start the process sends ("ready", info) once its replica is built (and, for a
-hybrid, its join ticket is registered). While idle it watches the store for a recovery
+On start the process sends ("ready", info) once its replica is built. A hybrid asks to
+join only when the driver says so, at a step boundary: from then on it gets every
+update command, so it is never admitted to an epoch it would not step in. While idle it watches the store for a recovery
 opened by other ranks, so a rank that already finished an update can join it.
 Errors go back as ("error", message); the process then exits.
 """
@@ -87,9 +89,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
                       store_port=spec.port)  # fmt: skip
     if spec.kind == "core":
         w.start_core(spec.core_ids)
-    else:
-        w.register()
-    conn.send(("ready", {"ticket": w.ticket, "updates": replica.updates}))
+    conn.send(("ready", {"updates": replica.updates}))
     shares: list[list[Any]] = []
     old: list[list[torch.Tensor] | None] = []
     while True:
@@ -115,6 +115,8 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             conn.send(("step", res))
             if res.left:
                 break
+        elif op == "register":  # sent by the driver once it counts this rank as live
+            conn.send(("ok", w.register()))
         elif op == "leave":
             if w.epoch is None and w.pending is None and w.cancel():
                 conn.send(("ok", "withdrawn"))
