@@ -12,8 +12,9 @@ Commands (tuples) and replies:
 
 On start the process sends ("ready", info) once its replica is built. A hybrid asks to
 join only when the driver says so, at a step boundary: from then on it gets every
-update command, so it is never admitted to an epoch it would not step in. While idle it watches the store for a recovery
-opened by other ranks, so a rank that already finished an update can join it.
+update command, so it is never admitted to an epoch it would not step in. While idle it
+watches the store for a recovery opened by other ranks, so a rank that already finished
+an update can join it.
 Errors go back as ("error", message); the process then exits.
 """
 

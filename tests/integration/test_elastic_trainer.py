@@ -42,7 +42,7 @@ def records(step: int, *, groups: int = 3, g: int = 4, vocab: int = 4096) -> lis
                     logprobs=[-rng.uniform(0.5, 3) if m else 0.0 for m in mask],
                     reward=float(rng.random() < 0.5),
                     status="truncated" if j == 3 else "ok",
-                )  # fmt: skip
+                )
             )
     out.append(out[0].model_copy(update={"id": "x", "status": "aborted"}))
     return out
