@@ -10,4 +10,5 @@ BENCHMARKS: dict[str, str] = {
     "elastic": "elastic",
     "sandbox": "sandbox",
     "service": "service",
+    "proxy": "proxy",
 }

@@ -12,6 +12,7 @@ EPILOG = """\
 examples:
   libra rollout examples/cpu-rollout.toml
   libra rollout --env arith --group-size 4 --endpoint tp1=http://127.0.0.1:8000
+  libra rollout --env examples/openai_agent.py:run --endpoint tp1=http://127.0.0.1:8000
   libra rollout --env my_envs.py:Adder --tasks tasks.jsonl --model ./tiny \\
       --endpoint tp1=http://127.0.0.1:8000 --endpoint tp2=http://127.0.0.1:8001 \\
       --bucket tp1=1:2048 --bucket tp2=2:4096
@@ -32,7 +33,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     )
     p.add_argument("config", nargs="?", help="TOML config (flags override its keys)")
     p.add_argument("--model", help="model folder (default: the tiny default model)")
-    p.add_argument("--env", help="env id (`libra envs`) or file.py:Class / package.module:Class")
+    p.add_argument(
+        "--env",
+        help="env id (`libra envs`), file.py:Class / package.module:Class, or an agent "
+        "function file.py:run (async def run(task, client: openai.AsyncOpenAI))",
+    )
     p.add_argument("--tasks", help="tasks file (.jsonl, .json, .parquet); default: the env's")
     p.add_argument("--num-tasks", type=int, help="use only the first N tasks")
     p.add_argument("--group-size", type=int, help="samples per task (GRPO G)")

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import BucketDown, EndpointPool, Served
@@ -66,10 +68,21 @@ class Shared:
     cpu: asyncio.Semaphore
     """Gate on synchronous work (render, tokenize, parse), as in the native engine."""
     clock: Callable[[], float]
+    tool_lists: dict[bytes, list[dict[str, Any]]] = field(default_factory=dict)
+    """One object per distinct `tools` list: the tokenizer caches its delta plans per
+    object, and every request brings a freshly parsed copy."""
 
     @property
     def buckets(self) -> dict[str, Bucket]:
         return {b.name: b for b in self.pool.buckets}
+
+    def intern_tools(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if tools is None:
+            return None
+        key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
+        if key not in self.tool_lists and len(self.tool_lists) >= 64:
+            self.tool_lists.clear()
+        return self.tool_lists.setdefault(key, tools)
 
 
 @dataclass(slots=True)
@@ -105,6 +118,9 @@ class Session:
         self.tool_states: list[ToolState] = []
         self.history: list[dict[str, Any]] = []
         """Canonical conversation: the last request's messages + the reply to it."""
+        self.raw: list[Any] = []
+        """The last request's messages as sent (a resent prefix is recognised by plain
+        equality, so only new messages are put in canonical form)."""
         self.tools: list[dict[str, Any]] | None = None
         self.names: dict[str, str] = {}
         """Tool-call id -> tool name, for tool messages that carry only the id."""
@@ -146,7 +162,7 @@ class Session:
         start = -1
         try:
             async with self.sh.cpu:
-                msgs = m.canonical_all(req.messages, self.names)
+                msgs = self._canonical(req.messages)
                 self._take(req, msgs, turn_idx)
             start = len(self.segments[-1].response)
             served, finish = await self._generate(req, turn_idx)
@@ -169,6 +185,15 @@ class Session:
             self._end("error", f"{type(e).__name__}: {e}", 500, "internal_error", "api_error")
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _canonical(self, raw: Any) -> list[dict[str, Any]]:
+        n = len(self.raw)
+        if n and isinstance(raw, list) and raw[:n] == self.raw:
+            new = [m.canonical(x, i, self.names) for i, x in enumerate(raw[n:], n)]
+            msgs = [*self.history[:n], *new]
+        else:
+            msgs = m.canonical_all(raw, self.names)
+        return msgs
+
     def _cut(self, start: int) -> None:
         if start >= 0:
             self.segments[-1].cut(start)
@@ -190,7 +215,7 @@ class Session:
     # --- messages -> context -----------------------------------------------------------
     def _take(self, req: ChatRequest, msgs: list[dict[str, Any]], turn_idx: int) -> None:
         """Render what the request adds and commit it (all checks come before any change)."""
-        tok, tools = self.sh.tok, req.tools
+        tok, tools = self.sh.tok, self.sh.intern_tools(req.tools)
         rendered = [m.render_form(x) for x in msgs]
         if not self.segments:
             ids = tok.prompt_ids(rendered, tools)
@@ -231,16 +256,21 @@ class Session:
         self, req: ChatRequest, msgs: list[dict[str, Any]], idx: list[int]
     ) -> list[ToolReturn]:
         """Tool returns reported by this request; tool latency = the time the agent took
-        between the reply and this request (one figure for all of them)."""
+        between the reply and this request (one figure for all of them). An `info`
+        object on a tool message (like `status`, a Libra extension) goes on the record."""
         gap = max(0.0, self.sh.clock() - self.replied_at) if idx else 0.0
         out = []
         for i in idx:
-            text = msgs[i]["content"]
+            text, raw = msgs[i]["content"], req.messages[i]
+            info = raw.get("info")
+            if info is not None and not isinstance(info, dict):
+                raise m.BadMessages(f"messages[{i}]: `info` must be an object")
             out.append(ToolReturn(
                 tool=msgs[i]["name"],
-                status=m.tool_status(req.messages[i], text),
+                status=m.tool_status(raw, text),
                 payload_tokens=len(self.sh.tok.encode(text)),
                 latency_s=gap,
+                info=info or None,
             ))  # fmt: skip
         return out
 
@@ -391,6 +421,7 @@ class Session:
             self.names[c["id"]] = c["function"]["name"]
         self.last_calls = {c["id"] for c in calls}
         self.history = [*msgs, m.canonical(reply.message(), len(msgs), self.names)]
+        self.raw = req.messages
         self.closed_turn = closed
         self.last_text, self.last_finish = full, finish
         self.replied_at = self.sh.clock()

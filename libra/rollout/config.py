@@ -36,9 +36,10 @@ class RolloutConfig(Config):
     """Model folder (config.json, tokenizer.json, chat template). Default: the tiny
     default model, made on first use in the user cache."""
     env: str = "arith"
-    """Registered env id (`libra envs`) or a path: `file.py:Class`, `package.module:Class`."""
+    """Registered env id (`libra envs`) or a path: `file.py:Class`, `package.module:Class`;
+    or an agent function `file.py:run` (`async def run(task, client)`, see docs/proxy.md)."""
     env_options: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for the env's constructor."""
+    """Keyword arguments for the env's constructor (or the agent function)."""
     tasks: str | None = None
     """Tasks file (.jsonl or .parquet). Default: the env's shipped task file."""
     num_tasks: int = Field(0, ge=0)

@@ -78,7 +78,12 @@ async def run(task, client: openai.AsyncOpenAI, log=None, stream=False, tools=No
     kw = {"stop": stop} if stop else {}
     for turn in range(4):
         sent.append(json.loads(json.dumps(messages)))
-        msg, finish = await ask(client, messages, tools, stream, **kw)
+        if mode == "parallel" and turn == 0:  # two samples of the first turn at once
+            import asyncio
+            (msg, finish), _ = await asyncio.gather(ask(client, messages, tools, stream, **kw),
+                                                    ask(client, messages, tools, stream, **kw))
+        else:
+            msg, finish = await ask(client, messages, tools, stream, **kw)
         seen.append({"content": msg.get("content"), "finish": finish,
                      "calls": [[c["function"]["name"], json.loads(c["function"]["arguments"])]
                                for c in msg.get("tool_calls", [])]})
@@ -87,11 +92,12 @@ async def run(task, client: openai.AsyncOpenAI, log=None, stream=False, tools=No
             break
         for c in msg["tool_calls"]:
             expr = json.loads(c["function"]["arguments"])["expression"]
+            extra = {}
             try:
                 out = str(eval(expr, {"__builtins__": {}}))
             except Exception as e:
-                out = f"Error: {e}"
-            messages.append({"role": "tool", "tool_call_id": c["id"], "content": out})
+                out, extra = f"Error: {e}", {"info": {"exception": type(e).__name__}}
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": out, **extra})
         if mode == "raise":
             raise ValueError("boom")
         if mode == "hang":
@@ -309,6 +315,27 @@ async def test_history_edit_starts_a_segment(
         assert model_text(tok, r, 1) == seen_text(saw["seen"][1])
 
 
+async def test_concurrent_requests_of_one_episode_are_serialised_into_segments(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    """Two requests at once with the same messages: the second does not extend the
+    first's reply, so it opens a segment on the same prompt; the agent then goes on from
+    the first reply, which renders the same as the second's (call ids are not rendered),
+    so the episode continues in that segment."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    tasks = write_tasks(tmp_path / "t.jsonl", arith_tasks(1, mode="parallel"))
+    c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[fake_vllm.url])],
+            env=f"{tmp_path}/agent.py:run", tasks=str(tasks))  # fmt: skip
+    await rollout(c, progress=False)
+    (r,) = read_jsonl(c.out)
+    assert r.status == "ok" and r.reward == 1.0 and len(r.turns) == 3
+    (seg,) = r.segments
+    assert (seg.turn, seg.reason) == (1, "message 1 (assistant) dropped")
+    assert seg.prompt_token_ids == r.prompt_token_ids
+    assert r.turns[1].tool_calls == r.turns[0].tool_calls and r.turns[1].tool_returns
+    check_tokens(r, fake_vllm.fake.requests)
+
+
 async def test_reserialized_reply_is_not_an_edit(
     tmp_path: Path, tiny_model: Path, fake_vllm
 ) -> None:
@@ -348,7 +375,7 @@ async def test_agent_failures_become_status_and_the_batch_goes_on(
         assert recs[f"q3/{k}"].status == "error"
         assert "agent returned 'great'" in (recs[f"q3/{k}"].error or "")
         (ret,) = recs[f"z/{k}"].turns[0].tool_returns  # "Error: ..." from the agent's tool
-        assert ret.status == "error"
+        assert ret.status == "error" and ret.info == {"exception": "ZeroDivisionError"}
 
 
 async def test_limits_end_the_episode_and_the_agent_is_told(
