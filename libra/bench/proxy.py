@@ -151,17 +151,24 @@ async def _bench(url: str, model: Path, args: argparse.Namespace) -> dict[str, A
     lat: dict[str, list[float]] = {k: [] for k in KINDS}
     tput: dict[str, list[float]] = {k: [] for k in KINDS}
     ok = dict.fromkeys(KINDS, 0)
-    same = True
+    errors: dict[str, int] = {}
+    same, compared = True, 0
     for _ in range(args.rounds):
-        got: dict[str, list[Any]] = {}
+        got: dict[str, dict[str, Any]] = {}
         for kind in KINDS:
             recs, _ = await _batch(kind, url, tok, args.turns, args.latency_episodes, 1)
             lat[kind].append(statistics.median(r.timings.total_s / len(r.turns) for r in recs))
             recs, wall = await _batch(kind, url, tok, args.turns, args.episodes, args.concurrency)
             tput[kind].append(sum(len(r.turns) for r in recs) / wall)
             ok[kind] += sum(r.status == "ok" for r in recs)
-            got[kind] = [_tokens(r) for r in sorted(recs, key=lambda r: r.id)]
-        same = same and got["native"] == got["sdk"] == got["raw"]
+            for r in recs:
+                if r.status != "ok":
+                    why = f"{kind}: {r.status}: {(r.error or '')[:120]}"
+                    errors[why] = errors.get(why, 0) + 1
+            got[kind] = {r.id: _tokens(r) for r in recs if r.status == "ok"}
+        both = got["native"].keys() & got["sdk"].keys() & got["raw"].keys()
+        compared += len(both)
+        same = same and all(got["native"][i] == got["sdk"][i] == got["raw"][i] for i in both)
     p50 = {k: statistics.median(v) * 1e3 for k, v in lat.items()}
     tps = {k: statistics.median(v) for k, v in tput.items()}
     return {
@@ -174,7 +181,9 @@ async def _bench(url: str, model: Path, args: argparse.Namespace) -> dict[str, A
             "turns_per_s": tput,
         },
         "ok_episodes": ok,
+        "not_ok": errors,
         "same_tokens": same,
+        "episodes_compared": compared,
         "client_build": _client_build_ms(),
     }
 

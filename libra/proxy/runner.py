@@ -34,7 +34,8 @@ from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
 from libra.proxy.agent import AgentEnv
 from libra.proxy.server import ProxyServer
-from libra.proxy.session import Session, Shared
+from libra.proxy.session import Session
+from libra.proxy.turns import Shared
 from libra.record import Trajectory
 from libra.rollout.config import LimitsConfig
 from libra.rollout.episode import EpisodeSpec

@@ -31,90 +31,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from libra.chat import ChatTokenizer
-from libra.endpoints.config import SamplingConfig
-from libra.endpoints.pool import BucketDown, EndpointPool, Served
+from libra.endpoints.pool import Served
 from libra.errors import EndpointError
 from libra.proxy import messages as m
 from libra.proxy.protocol import ChatRequest, ProxyError, Reply, bad_request
-from libra.record import Migration, Segment, Timings, ToolCall, ToolReturn, Trajectory, Turn
-from libra.rollout.config import LimitsConfig
-from libra.routing.base import Bucket, Decision, EpisodeState, RoutingPolicy, ToolState
-from libra.toolcalls import ToolCallParser
+from libra.proxy.turns import ContextFull, Placement, Seg, Shared
+from libra.record import Segment, Timings, ToolCall, ToolReturn, Trajectory, Turn
+from libra.rollout.episode import EpisodeSpec
+from libra.routing.base import Decision, EpisodeState, ToolState
 
 log = logging.getLogger("libra.proxy")
 _CALL_OPEN = "<tool_call>"
 
 
-@dataclass(frozen=True, slots=True)
-class Shared:
-    """What every session of one runner shares."""
-
-    tok: ChatTokenizer
-    pool: EndpointPool
-    policy: RoutingPolicy
-    sampling: SamplingConfig
-    limits: LimitsConfig
-    max_context: int
-    parser: ToolCallParser
-    cpu: asyncio.Semaphore
-    """Gate on synchronous work (render, tokenize, parse), as in the native engine."""
-    clock: Callable[[], float]
-    tool_lists: dict[bytes, list[dict[str, Any]]] = field(default_factory=dict)
-    """One object per distinct `tools` list: the tokenizer caches its delta plans per
-    object, and every request brings a freshly parsed copy."""
-
-    @property
-    def buckets(self) -> dict[str, Bucket]:
-        return {b.name: b for b in self.pool.buckets}
-
-    def intern_tools(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if tools is None:
-            return None
-        key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
-        if key not in self.tool_lists and len(self.tool_lists) >= 64:
-            self.tool_lists.clear()
-        return self.tool_lists.setdefault(key, tools)
-
-
-@dataclass(slots=True)
-class _Seg:
-    turn: int
-    reason: str
-    prompt_ids: list[int]
-    context: list[int]
-    response: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-
-    def append(self, ids: Sequence[int], lps: Sequence[float] | None, model: bool) -> None:
-        self.context.extend(ids)
-        self.response.extend(ids)
-        self.mask.extend([1 if model else 0] * len(ids))
-        self.logprobs.extend(lps if lps is not None else [0.0] * len(ids))
-
-    def cut(self, n: int) -> None:
-        """Drop response tokens from offset `n` on (a turn that never reached the agent)."""
-        extra = len(self.response) - n
-        if extra > 0:
-            del self.context[-extra:], self.response[n:], self.mask[n:], self.logprobs[n:]
-
-
 class Session:
-    def __init__(self, spec: Any, shared: Shared):
+    """One episode's conversation and tokens; `chat` serves its requests."""
+
+    def __init__(self, spec: EpisodeSpec, shared: Shared):
         self.spec = spec
         self.sh = shared
-        self.segments: list[_Seg] = []
+        self.segments: list[Seg] = []
         self.turns: list[Turn] = []
-        self.migrations: list[Migration] = []
         self.tool_states: list[ToolState] = []
         self.history: list[dict[str, Any]] = []
         """Canonical conversation: the last request's messages + the reply to it."""
@@ -124,13 +64,13 @@ class Session:
         self.tools: list[dict[str, Any]] | None = None
         self.names: dict[str, str] = {}
         """Tool-call id -> tool name, for tool messages that carry only the id."""
-        self.bucket = ""
         self.closed_turn = True
         self.last_calls: set[str] = set()
         self.last_text = ""
         self.last_finish: str | None = None
         self.replied_at = 0.0
-        self.queued_s = self.generate_s = self.tool_s = 0.0
+        self.place = Placement(shared, spec.index)
+        self.tool_s = 0.0
         self.ended: tuple[str, str] | None = None
         """(status, error) once something ended the episode."""
         self._ended_answer: ProxyError | None = None
@@ -165,13 +105,18 @@ class Session:
                 msgs = self._canonical(req.messages)
                 self._take(req, msgs, turn_idx)
             start = len(self.segments[-1].response)
-            served, finish = await self._generate(req, turn_idx)
+            served, finish = await self.place.generate(
+                self.segments[-1], turn_idx, req.max_tokens, req.stop
+            )
             async with self.sh.cpu:
                 return self._close_turn(req, msgs, start, served, finish)
         except m.BadMessages as e:
             raise bad_request(str(e), "invalid_messages") from None
         except ProxyError:
             raise
+        except ContextFull as e:
+            self._cut(start)
+            self._end("truncated", str(e), 400, "context_length_exceeded")
         except TimeoutError:
             self._cut(start)
             limit = self.sh.limits.turn_timeout_s
@@ -220,9 +165,9 @@ class Session:
         if not self.segments:
             ids = tok.prompt_ids(rendered, tools)
             self._fits(len(ids), "the prompt")
-            self.segments.append(_Seg(0, "", ids, list(ids)))
+            self.segments.append(Seg(0, "", ids, list(ids)))
             n = len(ids)
-            self.bucket = self._known(self.sh.policy.on_start(
+            self.place.bucket = self.place.known(self.sh.policy.on_start(
                 EpisodeState(self.spec.id, self.spec.task_id, n, n, (), "", 0)))  # fmt: skip
         elif tools == self.tools and m.extends(self.history, msgs):
             returns = self._returns(req, msgs, m.trailing_tools(msgs))
@@ -239,7 +184,7 @@ class Session:
             returns = self._returns(req, msgs, answered)
             ids = tok.prompt_ids(rendered, tools)
             self._fits(len(ids), "the edited conversation")
-            self.segments.append(_Seg(turn_idx, reason, ids, list(ids)))
+            self.segments.append(Seg(turn_idx, reason, ids, list(ids)))
             self._commit_returns(returns, turn_idx)
         self.tools = tools
 
@@ -287,7 +232,7 @@ class Session:
             len(self.segments[0].prompt_ids),
             len(seg.context),
             tuple(self.tool_states),
-            self.bucket,
+            self.place.bucket,
             turn_idx,
         )
         decision = self.sh.policy.on_tool_return(state)
@@ -295,89 +240,7 @@ class Session:
             to, reason = decision.bucket, decision.reason or "policy"
         else:
             to, reason = decision, "policy"
-        self._move(turn_idx, self._known(to), reason)
-
-    def _known(self, bucket: str) -> str:
-        if bucket not in self.sh.buckets:
-            raise ValueError(f"routing policy answered unknown bucket {bucket!r}")
-        return bucket
-
-    # --- the model turn ----------------------------------------------------------------
-    async def _generate(self, req: ChatRequest, turn_idx: int) -> tuple[Served, str | None]:
-        """Generate one turn (the native engine's loop: when the bucket's bound, not the
-        budget or the context, cuts the turn, it continues on a bucket with room)."""
-        sh = self.sh
-        budget = min(sh.sampling.max_tokens, req.max_tokens or math.inf)
-        stop_ids, stop_strs = self._stops(req.stop)
-        buckets = sh.buckets
-        seg = self.segments[-1]
-        async with asyncio.timeout(sh.limits.turn_timeout_s):
-            while True:
-                self._fit_bucket(turn_idx)
-                room_ctx = sh.max_context - len(seg.context)
-                if room_ctx <= 0:
-                    self._end("truncated", f"context reached max_context={sh.max_context}",
-                              400, "context_length_exceeded")  # fmt: skip
-                room_bucket = buckets[self.bucket].bound - len(seg.context)
-                max_tokens = int(min(budget, room_ctx, room_bucket))
-                bucket_binds = room_bucket < min(budget, room_ctx)
-                served = await self._call(turn_idx, seg.context, max_tokens, stop_ids, stop_strs)
-                comp = served.completion
-                seg.append(comp.token_ids, comp.logprobs, model=True)
-                budget -= len(comp.token_ids)
-                if comp.finish_reason == "length" and bucket_binds and budget > 0:
-                    continue
-                return served, comp.finish_reason
-
-    def _stops(self, stops: Sequence[str]) -> tuple[list[int], list[str]]:
-        ids, strs = list(self.sh.tok.eos_token_ids), []
-        for s in stops:
-            tid = self.sh.tok.token_id(s)
-            if tid is not None:
-                ids.append(tid)
-            else:
-                strs.append(s)
-        return ids, strs
-
-    async def _call(
-        self, turn_idx: int, context: list[int], max_tokens: int, ids: list[int], strs: list[str]
-    ) -> Served:
-        sp = self.sh.sampling
-        seed = None if sp.seed is None else sp.seed + self.spec.index * 1009 + turn_idx
-        while True:
-            try:
-                served = await self.sh.pool.generate(
-                    self.bucket, context, max_tokens=max_tokens, temperature=sp.temperature,
-                    top_p=sp.top_p, logprobs=sp.logprobs, seed=seed, stop=strs,
-                    stop_token_ids=ids,
-                )  # fmt: skip
-            except BucketDown as e:
-                up = [b for b in self.sh.pool.buckets
-                      if b.name != e.bucket and self.sh.pool.has_healthy(b.name)
-                      and b.bound > len(context)]  # fmt: skip
-                if not up:
-                    raise
-                self._move(turn_idx, up[0].name, "endpoint-down")
-                continue
-            self.queued_s += served.queued_s
-            self.generate_s += served.generate_s
-            return served
-
-    def _fit_bucket(self, turn_idx: int) -> None:
-        n = len(self.segments[-1].context)
-        if n < self.sh.buckets[self.bucket].bound:
-            return
-        bigger = [b for b in self.sh.pool.buckets if b.bound > n]
-        if bigger:
-            self._move(turn_idx, bigger[0].name, "overflow")
-
-    def _move(self, turn_idx: int, to: str, reason: str) -> None:
-        if to == self.bucket:
-            return
-        self.migrations.append(Migration(turn=turn_idx, from_bucket=self.bucket, to_bucket=to,
-                                         reprefill_tokens=len(self.segments[-1].context),
-                                         reason=reason))  # fmt: skip
-        self.bucket = to
+        self.place.move(turn_idx, self.place.known(to), reason, len(seg.context))
 
     def _close_turn(
         self,
@@ -412,7 +275,7 @@ class Session:
                 (tok.decode([t]), lp) for t, lp in zip(ids, seg.logprobs[start:], strict=True)
             ]
         self.turns.append(Turn(
-            start=start, model_tokens=len(ids), tool_tokens=0, bucket=self.bucket,
+            start=start, model_tokens=len(ids), tool_tokens=0, bucket=self.place.bucket,
             endpoint=served.endpoint.url, policy_version=served.version, finish_reason=finish,
             tool_calls=[ToolCall(name=c["function"]["name"], arguments=args)
                         for c, args in zip(calls, arguments, strict=True)],
@@ -455,7 +318,7 @@ class Session:
     # --- the record --------------------------------------------------------------------
     def fill(self, rec: Trajectory) -> None:
         """Put the episode's tokens, turns and timings on `rec`."""
-        rec.timings = Timings(queued_s=self.queued_s, generate_s=self.generate_s,
+        rec.timings = Timings(queued_s=self.place.queued_s, generate_s=self.place.generate_s,
                               tool_s=self.tool_s)  # fmt: skip
         if not self.segments:
             return
@@ -467,7 +330,7 @@ class Session:
         rec.logprobs = first.logprobs
         rec.total_tokens = len(self.segments[-1].context)
         rec.turns = self.turns
-        rec.migrations = self.migrations
+        rec.migrations = self.place.migrations
         rec.segments = [
             Segment(turn=s.turn, reason=s.reason, prompt_token_ids=s.prompt_ids,
                     prompt_tokens=len(s.prompt_ids), response_token_ids=s.response,
@@ -477,4 +340,4 @@ class Session:
         rec._messages = [dict(x) for x in self.history]
 
 
-__all__ = ["Session", "Shared"]
+__all__ = ["Session"]

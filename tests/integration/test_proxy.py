@@ -473,3 +473,26 @@ async def test_routing_sees_the_tool_returns_the_agent_sends(
         1, "tp1", "tp2", state.tokens_so_far
     )  # fmt: skip
     assert [f.id for f in policy.finished] == [r.id]
+
+
+async def test_a_context_that_outgrows_its_bucket_moves_as_in_native(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    (tmp_path / "agent.py").write_text(AGENT)
+    tasks = write_tasks(tmp_path / "t.jsonl", arith_tasks(1))
+    one = [BucketConfig(name="tp1", endpoints=[fake_vllm.url])]
+    c = cfg(tmp_path, tiny_model, one, env=f"{tmp_path}/agent.py:run", tasks=str(tasks))
+    await rollout(c, progress=False)
+    (first,) = read_jsonl(c.out)
+    after_turn0 = first.prompt_tokens + first.turns[0].model_tokens
+    two = [BucketConfig(name="tp1", bound=after_turn0 + 2, endpoints=[fake_vllm.url]),
+           BucketConfig(name="tp2", tp=2, bound=4096, endpoints=[fake_vllm.url])]  # fmt: skip
+    c2 = cfg(tmp_path, tiny_model, two, env=f"{tmp_path}/agent.py:run", tasks=str(tasks),
+             out=str(tmp_path / "o2.jsonl"))  # fmt: skip
+    await rollout(c2, progress=False)
+    (r,) = read_jsonl(c2.out)
+    assert r.status == "ok" and [t.bucket for t in r.turns] == ["tp1", "tp2"]
+    (m,) = r.migrations
+    assert (m.turn, m.from_bucket, m.to_bucket, m.reason) == (1, "tp1", "tp2", "overflow")
+    assert m.reprefill_tokens == after_turn0 + r.turns[0].tool_tokens
+    assert r.response_token_ids == first.response_token_ids  # same tokens, other bucket
