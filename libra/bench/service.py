@@ -5,7 +5,10 @@ process through `libra.rollout.rollout` (records to a JSONL file) and (b) throug
 `libra serve-rollout` in a subprocess, submitted and streamed back record by record by
 `libra.client.AsyncClient` (records parsed into `Trajectory`s, as a trainer gets them),
 once with `fsync = "always"` and once with `"never"`. Rounds alternate the three so that
-load from other processes hits them alike; figures are medians over `--rounds`.
+load from other processes hits them alike; figures are medians over `--rounds`, and
+ratios are paired per round. Besides wall time it reports Libra's CPU per episode
+(in-process: this process; service: the service process plus the client), which the
+shared machine's load disturbs much less than wall time.
 
 Backends: `instant` (default): two OpenAI-compatible servers that answer at once
 (`libra.bench.instant_server`, `--turns` turns per episode, a no-op tool): the control
@@ -17,12 +20,14 @@ dominates, as it does in real use.
 from __future__ import annotations
 
 import argparse
+import os
 import select
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -39,17 +44,19 @@ NOOP_ENV = "libra.bench.control_plane:NoopEnv"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["instant", "engine"], default="instant")
-    p.add_argument("--episodes", type=int, default=2000, help="episodes per run")
+    p.add_argument("--episodes", type=int, default=1000, help="episodes per run")
     p.add_argument("--concurrency", type=int, default=256, help="episodes in flight")
     p.add_argument("--turns", type=int, default=4, help="turns per episode (instant backend)")
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per turn (engine backend)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (median)")
     p.add_argument("--model", help="model folder (default: a fresh tiny one)")
 
 
-def _spawn(args: list[str], ready: str | None, stack: ExitStack, timeout: float = 180) -> str:
-    """Start a process; return the first stdout line (when `ready` is None) or wait for
-    `ready` (a URL) to answer."""
+def _spawn(
+    args: list[str], ready: str | None, stack: ExitStack, timeout: float = 180
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """Start a process; return the first stdout line (when `ready` is None) or the URL
+    `ready` once it answers, and the process."""
     import urllib.request
 
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE)
@@ -68,11 +75,11 @@ def _spawn(args: list[str], ready: str | None, stack: ExitStack, timeout: float 
             if select.select([proc.stdout], [], [], 0.2)[0]:
                 line = proc.stdout.readline().decode().strip()
                 if line:
-                    return line
+                    return line, proc
             continue
         try:
             with urllib.request.urlopen(ready, timeout=1):
-                return ready.removesuffix("/health")
+                return ready.removesuffix("/health"), proc
         except OSError:
             time.sleep(0.2)
     raise LibraError(f"{' '.join(args[:3])} did not start in {timeout:g} s")
@@ -88,7 +95,7 @@ def _endpoints(backend: str, model: Path, turns: int, stack: ExitStack) -> list[
                    "--port", str(port), "--turns", str(turns)]  # fmt: skip
         else:
             cmd = ["-m", "libra", "serve-engine", "--model", str(model), "--port", str(port)]
-        urls.append(_spawn(cmd, url + "/health", stack))
+        urls.append(_spawn(cmd, url + "/health", stack)[0])
     return urls
 
 
@@ -100,35 +107,65 @@ def _tasks(backend: str, n: int) -> list[dict[str, Any]]:
     return make_tasks(n, seed=0)
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _in_process(cfg: RolloutConfig, tasks: list[dict[str, Any]]) -> dict[str, Any]:
     """`wall_s`: the batch alone (`rollout`'s own clock starts after the tokenizer, env
-    and endpoint pool are up, which the service has done before a submit arrives)."""
+    and endpoint pool are up, which the service has done before a submit arrives);
+    `cpu_s`: this process's CPU for the whole call."""
+    cpu = time.process_time()
     summary = await rollout(cfg, tasks=tasks, progress=False)
-    ok = summary["status"].get("ok", 0)
-    return {"wall_s": summary["wall_s"], "episodes": summary["episodes"], "ok": ok}
+    return {"wall_s": summary["wall_s"], "cpu_s": time.process_time() - cpu,
+            "episodes": summary["episodes"], "status": summary["status"]}  # fmt: skip
 
 
-async def _service(url: str, env: str, tasks: list[dict[str, Any]], bid: str) -> dict[str, Any]:
+async def _service(
+    url: str, pid: int, env: str, tasks: list[dict[str, Any]], bid: str
+) -> dict[str, Any]:
+    """Submit, stream every record back; `cpu_s`: the service's CPU plus the client's."""
     async with AsyncClient(url) as c:
+        cpu, svc_cpu = time.process_time(), _cpu_s(pid)
         t0 = time.perf_counter()
         batch = await c.submit(env, tasks, batch_id=bid)
         first = None
-        ids, ok = set(), 0
+        ids: set[str] = set()
+        status: Counter[str] = Counter()
         async for rec in c.trajectories(batch):
             first = first or time.perf_counter() - t0
             ids.add(rec.id)
-            ok += rec.status == "ok"
+            status[rec.status] += 1
         wall = time.perf_counter() - t0
-    return {"wall_s": wall, "episodes": len(ids), "ok": ok, "first_record_s": first}
+        client_cpu, svc_cpu = time.process_time() - cpu, _cpu_s(pid) - svc_cpu
+    return {"wall_s": wall, "cpu_s": client_cpu + svc_cpu, "client_cpu_s": client_cpu,
+            "episodes": len(ids), "status": dict(status), "first_record_s": first}  # fmt: skip
 
 
-def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _summarise(runs: list[dict[str, Any]], base: list[dict[str, Any]] | None) -> dict[str, Any]:
+    n = runs[0]["episodes"]
     wall = statistics.median(r["wall_s"] for r in runs)
-    out = {"episodes_per_s": runs[0]["episodes"] / wall, "wall_s_median": wall,
-           "wall_s": [round(r["wall_s"], 3) for r in runs],
-           "all_ok": all(r["ok"] == r["episodes"] for r in runs)}  # fmt: skip
+    out: dict[str, Any] = {
+        "episodes_per_s": n / wall,
+        "wall_s": [round(r["wall_s"], 2) for r in runs],
+        "cpu_ms_per_episode": 1e3 * statistics.median(r["cpu_s"] for r in runs) / n,
+        "complete": all(r["episodes"] == n for r in runs),
+        "status": dict(sum((Counter(r["status"]) for r in runs), Counter())),
+    }
     if "first_record_s" in runs[0]:
-        out["first_record_s_median"] = statistics.median(r["first_record_s"] for r in runs)
+        out["first_record_s"] = statistics.median(r["first_record_s"] for r in runs)
+        out["client_cpu_ms_per_episode"] = (
+            1e3 * statistics.median(r["client_cpu_s"] for r in runs) / n
+        )
+    if base is not None:  # paired by round: both saw the same background load
+        out["throughput_vs_in_process"] = statistics.median(
+            b["wall_s"] / r["wall_s"] for b, r in zip(base, runs, strict=True)
+        )
+        out["cpu_vs_in_process"] = statistics.median(
+            r["cpu_s"] / b["cpu_s"] for b, r in zip(base, runs, strict=True)
+        )
     return out
 
 
@@ -157,7 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "--port", "0", "--env", f"{env}", "--concurrency", str(args.concurrency),
                    "--spool", str(tmp / f"spool-{fsync}"), "--fsync", fsync,
                    *(a for u in urls for a in ("--endpoint", f"tp1={u}"))]  # fmt: skip
-            services[fsync] = _spawn(cmd, None, stack)
+            url, proc = _spawn(cmd, None, stack)
+            services[fsync] = (url, proc.pid)
         results: dict[str, list[dict[str, Any]]] = {"in_process": [], "always": [], "never": []}
         for r in range(args.rounds):
             cfg = RolloutConfig(
@@ -167,19 +205,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sampling=sampling, limits=limits, endpoint=EndpointConfig(),
             )  # fmt: skip
             results["in_process"].append(run_sync(_in_process(cfg, tasks)))
-            for fsync, url in services.items():
-                results[fsync].append(run_sync(_service(url, env, tasks, f"r{r}")))
-    base = _summarise(results["in_process"])
+            for fsync, (url, pid) in services.items():
+                results[fsync].append(run_sync(_service(url, pid, env, tasks, f"r{r}")))
+    base = results["in_process"]
     doc: dict[str, Any] = {
         "backend": args.backend,
         "episodes": args.episodes,
         "concurrency": args.concurrency,
         "turns_per_episode": args.turns if args.backend == "instant" else 1,
         "rounds": args.rounds,
-        "in_process_rollout": base,
+        "in_process_rollout": _summarise(base, None),
     }
     for fsync in ("always", "never"):
-        s = _summarise(results[fsync])
-        s["vs_in_process"] = s["episodes_per_s"] / base["episodes_per_s"]
-        doc[f"service_fsync_{fsync}"] = s
+        doc[f"service_fsync_{fsync}"] = _summarise(results[fsync], base)
     return doc

@@ -172,8 +172,9 @@ async def weights(request: web.Request) -> web.StreamResponse:
             501, "weight updates need libra.engine.weights (not installed)"
         ) from None
     async with request.app[WEIGHTS_LOCK]:
-        kind = request.app[CONFIG].endpoint_kind
-        results = await update_all(request.app[POOL], kind, req.version, req.path)
+        cfg = request.app[CONFIG]
+        results = await update_all(request.app[POOL], cfg.endpoint_kind, req.version, req.path,
+                                   check_local=cfg.check_weights_locally)  # fmt: skip
         ok = [u for u, r in results.items() if r["status"] == "ok"]
         for r in results.values():
             manager.metrics.weight_updates[r["status"]] += 1

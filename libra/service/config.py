@@ -83,6 +83,10 @@ class ServiceConfig(Config):
     endpoint_kind: Literal["auto", "embedded", "vllm"] = "auto"
     """How `POST /v1/weights` loads a checkpoint: `embedded` (`libra serve-engine`),
     `vllm` (dev-mode pause / reload / reset / resume), or `auto` (from `/v1/models`)."""
+    check_weights_locally: bool = True
+    """Before `POST /v1/weights` touches an endpoint, check that the folder is a
+    checkpoint as this process sees it (a failed reload can crash vLLM). Turn off when
+    the endpoints see a filesystem the service does not."""
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
     max_request_mb: float = Field(64.0, gt=0)
     """Largest request body accepted (a submit carries its tasks inline)."""

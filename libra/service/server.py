@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -45,6 +46,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port), not listening yet."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}; "
+            "pick another --port (0 = any free one) or --host"
+        ) from None
+    return sock
+
+
 def check_exposure(config: ServiceConfig) -> None:
     if not config.token and not is_loopback(config.host):
         raise ConfigError(
@@ -62,6 +79,21 @@ async def serve(
     """Run the service until SIGINT/SIGTERM (or `stop` is set). `ready(url)` is called
     once the listener accepts connections."""
     check_exposure(config)
+    # Bind first: a taken port fails at once (not after engines started), and engines
+    # launched below cannot be handed the same port. Connections wait until we listen.
+    sock = bind(config.host, config.port)
+    try:
+        await _serve(config, sock, ready, stop)
+    finally:
+        sock.close()
+
+
+async def _serve(
+    config: ServiceConfig,
+    sock: socket.socket,
+    ready: Callable[[str], None] | None,
+    stop: asyncio.Event | None,
+) -> None:
     model_dir = resolve_model(config.model)
     tokenizer = ChatTokenizer(model_dir)
     max_context = config.limits.max_context or model_context(model_dir)
@@ -95,16 +127,9 @@ async def serve(
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-            try:
-                await site.start()
-            except OSError as e:
-                raise ConfigError(
-                    f"cannot listen on {config.host}:{config.port}: {e.strerror}; "
-                    "pick another --port (0 = any free one)"
-                ) from None
-            host, port = runner.addresses[0][:2]
-            url = f"http://{host}:{port}"
+            await web.SockSite(runner, sock).start()
+            host, port = sock.getsockname()[:2]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             if ready is not None:
                 ready(url)
             async with asyncio.TaskGroup() as tg:

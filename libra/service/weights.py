@@ -13,7 +13,7 @@ swap); at most one turn per episode in flight is affected.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import orjson
@@ -21,23 +21,27 @@ import orjson
 from libra.endpoints.pool import Endpoint, EndpointPool
 from libra.errors import ConfigError, LibraError
 
-KINDS = {"libra": "embedded", "vllm": "vllm"}
+Kind = Literal["embedded", "vllm"]
+KINDS: dict[str, Kind] = {"embedded": "embedded", "vllm": "vllm"}
+OWNERS: dict[str, Kind] = {"libra": "embedded", "vllm": "vllm"}
 """`owned_by` of `/v1/models` -> endpoint kind, for `endpoint_kind = "auto"`."""
 
 
-async def detect_kind(session: aiohttp.ClientSession, url: str) -> str:
+async def detect_kind(session: aiohttp.ClientSession, url: str) -> Kind:
     async with session.get(f"{url}/v1/models") as r:
         doc = orjson.loads(await r.read())
     owner = ((doc.get("data") or [{}])[0]).get("owned_by")
-    if owner not in KINDS:
+    if owner not in OWNERS:
         raise ConfigError(
             f"cannot tell what serves {url} (owned_by={owner!r}); "
             "set endpoint_kind = 'embedded' or 'vllm' in the service config"
         )
-    return KINDS[owner]
+    return OWNERS[owner]
 
 
-async def update_all(pool: EndpointPool, kind: str, version: int, path: str) -> dict[str, Any]:
+async def update_all(
+    pool: EndpointPool, kind: str, version: int, path: str, *, check_local: bool = True
+) -> dict[str, Any]:
     """Load `path` everywhere; returns {url: {"status": ok|error|skipped, ...}}."""
     from libra.engine.weights import load_weights
 
@@ -45,8 +49,8 @@ async def update_all(pool: EndpointPool, kind: str, version: int, path: str) -> 
         if not ep.healthy:
             return {"status": "skipped", "error": "endpoint is down; it keeps its version"}
         try:
-            k = kind if kind != "auto" else await detect_kind(pool.session, ep.url)
-            out = await load_weights(pool.session, ep.url, k, path)  # type: ignore[arg-type]
+            k = KINDS[kind] if kind != "auto" else await detect_kind(pool.session, ep.url)
+            out = await load_weights(pool.session, ep.url, k, path, check_local=check_local)
         except (LibraError, aiohttp.ClientError, TimeoutError, OSError) as e:
             return {"status": "error", "error": f"{type(e).__name__}: {e}"}
         pool.set_version(version, [ep.url])

@@ -117,16 +117,37 @@ async def test_token_validation_and_idempotent_submit(
     assert f'libra_endpoint_up{{bucket="tp1",url="{url}"}} 1' in text
     assert "libra_model_tokens_total" in text and 'libra_episodes{state="queued"} 0' in text
 
-    # Without a token the service refuses to listen beyond loopback: one line, exit 2.
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a token"),
+        (["--port", "{busy}"], "cannot listen on 127.0.0.1:{busy}"),
+        (["--env", "nope"], "unknown env 'nope'; known:"),
+        (["{config}"], "spool.fsnyc: unknown key"),
+        (["--fsync", "sometimes"], "argument --fsync: invalid choice"),
+    ],
+)
+def test_bad_start_is_one_clear_line(
+    tmp_path: Path, tiny_model: Path, extra: list[str], message: str
+) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = str(busy.getsockname()[1])
+    config = tmp_path / "bad.toml"
+    config.write_text('[spool]\nfsnyc = "always"\n')
+    args = [a.replace("{busy}", port).replace("{config}", str(config)) for a in extra]
     res = subprocess.run(
         [sys.executable, "-m", "libra", "serve-rollout", "--model", str(tiny_model),
-         "--host", "0.0.0.0", "--endpoint", f"tp1={url}"],
+         "--endpoint", "tp1=http://127.0.0.1:9", "--spool", str(tmp_path / "spool"), *args],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
     )  # fmt: skip
-    assert res.returncode == 2
+    busy.close()
+    assert res.returncode == 2, res.stderr
     (line,) = res.stderr.strip().splitlines()
-    assert line.startswith("libra: error: refusing to listen on 0.0.0.0 without a token")
+    assert line.startswith("libra: error:") and message.replace("{busy}", port) in line, line
 
 
 async def test_groups_cursor_cancel_slow_reader_and_fairness(
