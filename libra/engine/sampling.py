@@ -46,26 +46,42 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> tuple[list[int], torch.Tensor]:
         """`logits [B, V]` -> (token per row, raw logprobs `[B, V]`)."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
         tokens = logprobs.argmax(dim=-1).tolist()
-        for b, p in enumerate(params):
-            if p.temperature == 0.0:
-                continue
-            probs = torch.softmax(logits[b] / p.temperature, dim=-1)
-            if p.top_p < 1.0:
-                probs = _top_p(probs, p.top_p)
-            gen = generators[b] or self.generator
-            tokens[b] = int(torch.multinomial(probs, 1, generator=gen))
+        hot = [b for b, p in enumerate(params) if p.temperature > 0.0]
+        if not hot:
+            return tokens, logprobs
+        # Gumbel-max, batched: argmax(log softmax(logits / T) + Gumbel noise) is a sample
+        # of softmax(logits / T). Only the noise is drawn per row (a seeded row from its
+        # own generator), so a row's sample does not depend on its batch neighbours.
+        temps = torch.tensor([params[b].temperature for b in hot]).unsqueeze(1)
+        scaled = torch.log_softmax(logits[hot] / temps, dim=-1)
+        vocab = scaled.shape[1]
+        noise = torch.empty_like(scaled)
+        shared = [j for j, b in enumerate(hot) if generators[b] is None]
+        if shared:
+            noise[shared] = torch.rand(len(shared), vocab, generator=self.generator)
+        for j, b in enumerate(hot):
+            gen = generators[b]
+            if gen is not None:
+                noise[j] = torch.rand(vocab, generator=gen)
+            if params[b].top_p < 1.0:
+                scaled[j] = _top_p(scaled[j], params[b].top_p)
+        gumbel = -torch.log(-torch.log(noise.clamp_(min=1e-12)))
+        for j, tok in enumerate((scaled + gumbel).argmax(dim=-1).tolist()):
+            tokens[hot[j]] = tok
         return tokens, logprobs
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_probs, order = probs.sort(descending=True)
-    cum = sorted_probs.cumsum(-1)
-    drop = cum - sorted_probs > top_p  # keep the smallest prefix whose mass reaches top_p
-    sorted_probs[drop] = 0.0
-    out = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return out / out.sum()
+def _top_p(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Log-probs with everything outside the top-p nucleus at -inf (the smallest set of
+    most likely tokens whose mass reaches `top_p`)."""
+    sorted_lp, order = logp.sort(descending=True)
+    probs = sorted_lp.exp()
+    drop = probs.cumsum(-1) - probs > top_p
+    sorted_lp[drop] = float("-inf")
+    return torch.empty_like(logp).scatter_(-1, order, sorted_lp)
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:

@@ -40,9 +40,11 @@ class EmbeddedEngine:
         kv_cache_gib: float = 2.0,
         threads: int = 1,
         seed: int | None = None,
+        dtype: str = "auto",
     ):
         self.model_dir = Path(model_dir)
-        self.cfg = ModelConfig.load(self.model_dir)
+        self.dtype = dtype
+        self.cfg = ModelConfig.load(self.model_dir, dtype)
         self.chat = ChatTokenizer(self.model_dir)
         self.tokenizer = self.chat.tokenizer
         self.name = served_model_name or str(model_dir)
@@ -83,7 +85,7 @@ class EmbeddedEngine:
 
     async def swap(self, path: Path) -> dict[str, Any]:
         """Load `path` (same architecture and sizes) and swap it in (see module doc)."""
-        new_cfg = await asyncio.to_thread(ModelConfig.load, path)
+        new_cfg = await asyncio.to_thread(ModelConfig.load, path, self.dtype)
         if new_cfg != self.cfg:
             raise ModelError(
                 f"{path}: config differs from the served model's ({self.model_dir}); "

@@ -155,3 +155,21 @@ def test_stop_string_across_multibyte_characters(parts):
     assert cut.stop_reason == stop and cut.finish_reason == "stop"
     assert cut.text == text[: text.find(stop)]
     assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+
+
+def test_sampler_draws_from_softmax_over_temperature_within_top_p():
+    from collections import Counter
+
+    from libra.engine.sampling import Sampler
+
+    sampler = Sampler(seed=7)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    n = 4000
+    for temperature, top_p in ((1.0, 1.0), (0.5, 1.0), (1.0, 0.8)):
+        p = torch.softmax(logits[0] / temperature, -1)
+        if top_p < 1.0:  # nucleus {0, 1}: 0.64 < 0.8 <= 0.64 + 0.24
+            p = torch.tensor([p[0], p[1], 0.0, 0.0]) / (p[0] + p[1])
+        params = [SamplingParams(temperature=temperature, top_p=top_p)]
+        counts = Counter(sampler.sample(logits, params, [None])[0][0] for _ in range(n))
+        for tok in range(4):
+            assert counts[tok] / n == pytest.approx(float(p[tok]), abs=0.03), (temperature, top_p)
