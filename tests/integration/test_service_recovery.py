@@ -61,7 +61,7 @@ async def test_kill_endpoint_and_service_mid_batch_loses_and_repeats_nothing(
     assert status["counts"]["ok"] == 200 and status["counts"]["queued"] == 0
     # The restarted service found records of the batch and ran the rest again.
     m = re.search(r"resumed batch b200: (\d+) of 200 episodes to run again", svc.log(1))
-    assert m and 0 < int(m.group(1)) < 100, svc.log(1)
+    assert m and 0 < int(m.group(1)) <= 100, svc.log(1)  # 100 when nothing finished unread
     # After the endpoint died, only the survivor served.
     assert {e for r in got[:30] for e in r[3]} == {url1, url2}
     assert {e for r in got[-60:] for e in r[3]} == {url2}
