@@ -122,6 +122,9 @@ class ElasticWorker:
         self._joins: list[Member] = []
         self.registered_at = 0.0
         self.ready_after_s: float | None = None
+        self.ready_ids: set[str] = set()
+        """Members that were current at the last update and stay (its ready flags minus
+        its leavers): every member knows the same set, e.g. to split a global batch."""
         """Seconds from registration to the first real gradient (hybrids)."""
 
     # -- membership entry points ------------------------------------------------------
@@ -129,6 +132,7 @@ class ElasticWorker:
     def start_core(self, core_ids: list[str]) -> None:
         """Core replicas: form epoch 0 (blocking; all core ranks call it)."""
         self.coordinator = self.id == core_ids[0] and self.rank == 0
+        self.ready_ids = set(core_ids)
         ep = Epoch(
             number=0, name="e0", start=self.update + 1,
             members=tuple(Member(c, "core") for c in core_ids), ready=frozenset(core_ids),
@@ -334,6 +338,7 @@ class ElasticWorker:
         ep = self.epoch
         leaving = {ep.members[k].id for k in s.leaving if k < len(ep.members)}
         res.leaving = sorted(leaving)
+        self.ready_ids = {ep.members[k].id for k in s.ready if k < len(ep.members)} - leaving
         if not leaving and s.admit == 0:
             return
         name = f"e{ep.number + 1}"

@@ -60,10 +60,13 @@ class Replica:
             self.ref_model = load_model(cfg.model).eval().requires_grad_(False)
         o = cfg.optim
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Fused AdamW (one pass over memory, ~3x faster on CPU) for plain tensors; the
+        # per-tensor loop for FSDP's DTensors. Every replica has the same size, so all
+        # run the same implementation: updates stay bit-identical across replicas.
+        kind = {"fused": True} if size == 1 else {"foreach": False}
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-            foreach=False,
-        )  # fmt: skip
+            self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, **kind
+        )
         # Explicit state and persistent gradients: a joiner that never ran backward has
         # the same tensors to receive a snapshot into, and backward accumulates in place.
         for p in self.params:
@@ -103,7 +106,7 @@ class Replica:
         h = hashlib.blake2b(digest_size=16)
         h.update(str(self.updates).encode())
         for t in self.state_tensors():
-            h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+            h.update(memoryview(t.detach().contiguous().view(torch.uint8).numpy()))  # type: ignore[arg-type]
         return h.hexdigest()
 
     def _grads(self) -> Iterator[tuple[torch.Tensor, int, int]]:
@@ -146,8 +149,7 @@ class Replica:
             mult = scale * limit / (norm + 1e-6)
         with torch.no_grad():
             for g, off, n in self._grads():
-                g.copy_(flat[off : off + n].view_as(g))
-                g.mul_(mult)
+                torch.mul(flat[off : off + n].view_as(g), mult, out=g)
         lr = self.lr_at(self.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -171,12 +173,14 @@ class Replica:
         return int(t.item())
 
 
-def sumsq(flat: torch.Tensor, chunk: int = 1 << 20) -> float:
-    """Sum of squares of a gradient vector, accumulated in float64 chunk by chunk (a
-    fixed order, so every replica computes the same bits from the same vector)."""
+def sumsq(flat: torch.Tensor, chunk: int = 1 << 16) -> float:
+    """Sum of squares of a gradient vector: float32 dot products over fixed chunks,
+    accumulated in float64. A fixed order on one thread, so every replica computes the
+    same bits from the same vector."""
     total = 0.0
     for i in range(0, flat.numel(), chunk):
-        total += float(flat[i : i + chunk].double().square().sum())
+        c = flat[i : i + chunk]
+        total += float(torch.dot(c, c))
     return total
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import multiprocessing as mp
 import os
 import random
 import time
@@ -30,7 +31,11 @@ class MemberPlan:
     port: int
     log: str
     samples: int = 2
-    """Synthetic samples per rank per update."""
+    """Synthetic samples per rank per update (when `global_samples` is 0)."""
+    global_samples: int = 0
+    """If > 0: one global batch per update, split over the ranks of the replicas that
+    were current at the previous update (`ElasticWorker.ready_ids`), so the work per
+    update does not change with membership."""
     prompt_len: int = 8
     response_len: tuple[int, int] = (4, 24)
     """Range of response lengths (unequal token counts across ranks)."""
@@ -50,25 +55,36 @@ class MemberPlan:
     """If set: save params before, and the averaged gradient of, every update."""
     scramble: bool = True
     """Hybrid: fill its state with garbage before every rejoin."""
-    start_gate: str = ""
-    """Hybrid: wait for this store key before the first registration."""
+    start_after: int = 0
+    """Hybrid: register for the first time once the core has done this many updates."""
 
 
 def synthetic(
-    update: int, member: str, rank: int, plan: MemberPlan, version: int = 0
+    update: int, member: str, rank: int, plan: MemberPlan, count: int = 0
 ) -> list:  # list[Sample]
     from libra.trainer.samples import Sample
 
     rng = random.Random(f"{update}/{member}/{rank}")
     out = []
-    for _ in range(plan.samples):
+    for _ in range(count or plan.samples):
         n = rng.randint(*plan.response_len)
         ids = [rng.randrange(plan.vocab) for _ in range(plan.prompt_len + n)]
         mask = [1 if rng.random() < 0.8 else 0 for _ in range(n)]
         mask[0] = 1
         lps = [-rng.uniform(0.5, 4.0) if m else 0.0 for m in mask]
-        out.append(Sample(ids, plan.prompt_len, mask, lps, rng.gauss(0, 1), version))
+        out.append(Sample(ids, plan.prompt_len, mask, lps, rng.gauss(0, 1), 0))
     return out
+
+
+def batch(update: int, plan: MemberPlan, w) -> list:
+    """This rank's samples for `update` (empty: contribute zeros)."""
+    if not plan.global_samples:
+        return synthetic(update, plan.id, plan.rank, plan) if w.ready else []
+    ids = sorted(w.ready_ids)
+    if not w.ready or plan.id not in ids:
+        return []
+    every = synthetic(update, "global", 0, plan, count=plan.global_samples)
+    return every[ids.index(plan.id) * plan.size + plan.rank :: len(ids) * plan.size]
 
 
 def main(plan: MemberPlan) -> None:
@@ -136,7 +152,7 @@ def _core(plan: MemberPlan, w, store, record) -> None:
         if u > stop:
             break
         _dump(plan, w, u, "params")
-        res = w.step(synthetic(u, plan.id, plan.rank, plan))
+        res = w.step(batch(u, plan, w))
         _dump(plan, w, u, "grad")
         if w.coordinator:
             store.set("progress", str(res.update))
@@ -152,16 +168,12 @@ def _scramble(w) -> None:
 
 
 def _hybrid(plan: MemberPlan, w, store, record) -> None:
-    from libra.trainer.groups import wait_key
-
-    if plan.start_gate:
-        wait_key(store, plan.start_gate, 600)
-    last = 0
+    last = plan.start_after - plan.idle_updates
     for cycle in range(plan.cycles):
+        target = last + plan.idle_updates
+        while not store.check(["progress"]) or int(bytes(store.get("progress"))) < target:
+            time.sleep(0.01)
         if cycle:
-            target = last + plan.idle_updates
-            while int(bytes(store.get("progress"))) < target:
-                time.sleep(0.01)
             w.rejoin_reset()
         if plan.scramble and cycle:
             _scramble(w)
@@ -171,8 +183,9 @@ def _hybrid(plan: MemberPlan, w, store, record) -> None:
         trained = 0
         while True:
             u = w.update + 1
-            _dump(plan, w, u, "params") if w.ready else None
-            res = w.step(synthetic(u, plan.id, plan.rank, plan) if w.ready else ())
+            if w.ready:
+                _dump(plan, w, u, "params")
+            res = w.step(batch(u, plan, w))
             _dump(plan, w, u, "grad")
             record(res, cycle=cycle, since_register_s=time.perf_counter() - t0)
             if res.left:
@@ -183,3 +196,46 @@ def _hybrid(plan: MemberPlan, w, store, record) -> None:
         last = res.update
     if plan.rank == 0:
         store.set("stop_at", str(last + plan.stop_margin))
+
+
+def run_scenario(
+    plans: list[MemberPlan], *, timeout: float = 240, kill: tuple | None = None
+) -> dict[str, list[dict]]:
+    """Spawn one process per plan, wait for all; returns each log's rows by `id-rank`.
+
+    `kill=(key, predicate, signal)`: once `predicate(rows)` holds for the log `key`,
+    send `signal` to that process (the test's crash / hang of a hybrid).
+    """
+    ctx = mp.get_context("spawn")
+    procs = {f"{p.id}-{p.rank}": ctx.Process(target=main, args=(p,), daemon=True) for p in plans}
+    for p in procs.values():
+        p.start()
+    logs = {f"{p.id}-{p.rank}": p.log for p in plans}
+    deadline = time.monotonic() + timeout
+    killed = None
+    try:
+        while any(p.is_alive() for k, p in procs.items() if k != killed):
+            if time.monotonic() > deadline:
+                raise TimeoutError("scenario did not finish")
+            if kill and killed is None:
+                key, pred, sig = kill
+                if pred(read_log(logs[key])):
+                    os.kill(procs[key].pid or 0, sig)
+                    killed = key
+            time.sleep(0.05)
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.kill()
+            p.join()
+    for k, p in procs.items():
+        if k != killed and p.exitcode != 0:
+            raise RuntimeError(f"member {k} exited with {p.exitcode}")
+    return {k: read_log(v) for k, v in logs.items()}
+
+
+def read_log(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,16 +1,12 @@
-"""Helpers for the multi-process elastic tests (no tests here): a micro model folder and a
-scenario runner that spawns self-driven members."""
+"""Helpers for the multi-process elastic tests (no tests here): a micro model folder and
+a config; scenarios run through `libra.trainer.scenario.run_scenario`."""
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import os
-import time
 from pathlib import Path
 
 from libra.trainer.config import TrainerConfig
-from libra.trainer.scenario import MemberPlan, main
+from libra.trainer.scenario import read_log, run_scenario
 
 
 def micro_model(folder: Path, *, hidden: int = 32, layers: int = 2, vocab: int = 256) -> Path:
@@ -28,49 +24,9 @@ def micro_model(folder: Path, *, hidden: int = 32, layers: int = 2, vocab: int =
     return folder
 
 
-def run_scenario(
-    plans: list[MemberPlan], *, timeout: float = 240, kill: tuple | None = None
-) -> dict[str, list[dict]]:
-    """Spawn one process per plan, wait for all; returns each log's rows by `id-rank`.
-
-    `kill=(key, predicate, signal)`: once `predicate(rows)` holds for the log `key`,
-    send `signal` to that process (the test's crash / hang of a hybrid).
-    """
-    ctx = mp.get_context("spawn")
-    procs = {f"{p.id}-{p.rank}": ctx.Process(target=main, args=(p,)) for p in plans}
-    for p in procs.values():
-        p.start()
-    logs = {f"{p.id}-{p.rank}": p.log for p in plans}
-    deadline = time.monotonic() + timeout
-    killed = None
-    try:
-        while any(p.is_alive() for k, p in procs.items() if k != killed):
-            if time.monotonic() > deadline:
-                raise TimeoutError("scenario did not finish")
-            if kill and killed is None:
-                key, pred, sig = kill
-                if pred(read_log(logs[key])):
-                    os.kill(procs[key].pid, sig)
-                    killed = key
-            time.sleep(0.05)
-    finally:
-        for p in procs.values():
-            if p.is_alive():
-                p.kill()
-            p.join()
-    for k, p in procs.items():
-        if k != killed and p.exitcode != 0:
-            raise RuntimeError(f"member {k} exited with {p.exitcode}")
-    return {k: read_log(v) for k, v in logs.items()}
-
-
-def read_log(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def config(model: Path, **elastic) -> str:
     cfg = TrainerConfig(model=str(model), elastic=elastic)
     return cfg.model_dump_json()
+
+
+__all__ = ["config", "micro_model", "read_log", "run_scenario"]
