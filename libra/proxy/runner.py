@@ -15,9 +15,11 @@ endpoint); `error` when the agent raised (`agent raised ValueError: ...`); `time
 the episode ran out of time; `error` when it never called the model; `truncated` when
 its last model turn hit `max_tokens`; else `ok`. The batch goes on in every case.
 
-All clients share one HTTP connection pool (a transport the episodes cannot close): a
-fresh `AsyncOpenAI()` builds its own TLS context, ~110 ms of CPU on the reference
-machine, against ~0.3 ms for a client on the shared pool.
+Each episode's client sends its requests to the proxy in process (an httpx transport
+that calls the server's `dispatch`): no loopback HTTP on either side, and no TLS context
+per client — a default `AsyncOpenAI()` builds one, 51–129 ms of CPU on the reference
+machine, against well under a millisecond for a client on the shared transport
+(`libra bench proxy`, `client_build`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
 from libra.proxy.agent import AgentEnv
-from libra.proxy.server import ProxyServer
+from libra.proxy.server import ProxyServer, in_process_transport
 from libra.proxy.session import Session
 from libra.proxy.turns import Shared
 from libra.record import Trajectory
@@ -90,34 +92,27 @@ class AgentRunner:
         )
         self.server = ProxyServer()
         self._transport: Any = None
-        self._shared: Any = None
 
     async def __aenter__(self) -> AgentRunner:
         import openai  # noqa: F401 - fail here, not in every episode, when it is missing
 
-        httpx = _httpx()
         await self.server.__aenter__()
-        self._transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024)
-        )
-        self._shared = _shared_transport(httpx, self._transport)
+        self._transport = in_process_transport(_httpx(), self.server)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        try:
-            if self._transport is not None:
-                await self._transport.aclose()
-                self._transport = None
-        finally:
-            await self.server.__aexit__(*exc)
+        self._transport = None
+        await self.server.__aexit__(*exc)
 
     def client(self, base_url: str) -> Any:
-        """An `openai.AsyncOpenAI` for one episode: no SDK retries (a failed turn is the
-        episode's data, not something to resend), bounded by the episode's time."""
+        """An `openai.AsyncOpenAI` for one episode. Its requests go to the proxy in
+        process (`base_url` is the real server's, for agents that pass it on to another
+        HTTP client); no SDK retries (a failed turn is the episode's data, not something
+        to resend); bounded by the episode's time."""
         import openai
 
         timeout = self.limits.episode_timeout_s
-        http = _httpx().AsyncClient(transport=self._shared, trust_env=False, timeout=timeout)
+        http = _httpx().AsyncClient(transport=self._transport, trust_env=False, timeout=timeout)
         return openai.AsyncOpenAI(base_url=base_url, api_key=self.server.token, max_retries=0,
                                   timeout=timeout, http_client=http)  # fmt: skip
 
@@ -216,19 +211,6 @@ def _as_reward(out: Any) -> tuple[float, dict[str, Any] | None, Any]:
     if out is None or isinstance(out, str):
         raise TypeError("return a float reward or a dict with 'reward'")
     return float(out), None, _NOTHING
-
-
-def _shared_transport(httpx: Any, inner: Any) -> Any:
-    class Shared(httpx.AsyncBaseTransport):
-        """The runner's pool; an episode's `client.close()` must not close it."""
-
-        async def handle_async_request(self, request: Any) -> Any:
-            return await inner.handle_async_request(request)
-
-        async def aclose(self) -> None:
-            return None
-
-    return Shared()
 
 
 __all__ = ["AgentRunner"]

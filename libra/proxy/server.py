@@ -7,6 +7,11 @@
 readable in logs and one episode cannot reach another's conversation. Every call needs
 `Authorization: Bearer <token>` (the runner gives each episode's client that token), so
 other processes on the machine cannot inject turns. Errors use OpenAI's error body.
+
+`dispatch` is the whole API, independent of the transport: the aiohttp server serves it
+to any HTTP client (another library, a subprocess agent given the base URL), and
+`InProcessTransport` serves it to the `openai` client the runner hands each episode
+without a socket — same requests, same answers, no loopback HTTP on either side.
 """
 
 from __future__ import annotations
@@ -24,15 +29,14 @@ from libra.proxy.protocol import ProxyError
 from libra.proxy.session import Session
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_PATH = re.compile(r"^/episodes/([^/]+)/v1/(chat/completions|models)$")
 MODEL_NAME = "libra-policy"
-
-
-def _json(doc: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json")
+JSON = "application/json"
 
 
 class ProxyServer:
-    """`async with ProxyServer() as srv`: `srv.open(id, session) -> base_url`, `srv.close(key)`."""
+    """`async with ProxyServer() as srv`: `srv.open(id, session) -> (key, base_url)`,
+    `srv.close(key)`."""
 
     def __init__(self, host: str = "127.0.0.1"):
         self.host = host
@@ -43,14 +47,13 @@ class ProxyServer:
 
     async def __aenter__(self) -> ProxyServer:
         app = web.Application(client_max_size=256 * 1024**2)
-        app.router.add_post("/episodes/{key}/v1/chat/completions", self._chat)
-        app.router.add_get("/episodes/{key}/v1/models", self._models)
+        app.router.add_route("*", "/{path:.*}", self._serve)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
-        site = web.SockSite(self._runner, sock)
+        site = web.SockSite(self._runner, sock, backlog=1024)
         await site.start()
         self.url = f"http://{self.host}:{sock.getsockname()[1]}"
         return self
@@ -71,43 +74,62 @@ class ProxyServer:
         if session is not None:
             session.close()
 
-    def _session(self, request: web.Request) -> Session:
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
-            raise ProxyError(401, "missing or wrong API key for this Libra proxy",
-                             "invalid_api_key", "authentication_error")  # fmt: skip
-        session = self.sessions.get(request.match_info["key"])
-        if session is None:
-            raise ProxyError(404, f"no running episode {request.match_info['key']!r}",
-                             "episode_not_found")  # fmt: skip
-        return session
-
-    async def _models(self, request: web.Request) -> web.Response:
+    async def dispatch(
+        self, method: str, path: str, auth: str | None, body: bytes
+    ) -> tuple[int, str, bytes]:
+        """One API call: (HTTP status, content type, body)."""
         try:
-            self._session(request)
-        except ProxyError as e:
-            return _json(e.body(), e.status)
-        return _json(protocol.models(MODEL_NAME))
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            session = self._session(request)
+            if auth != f"Bearer {self.token}":
+                raise ProxyError(401, "missing or wrong API key for this Libra proxy",
+                                 "invalid_api_key", "authentication_error")  # fmt: skip
+            m = _PATH.match(path)
+            if m is None:
+                raise ProxyError(404, f"no such endpoint {path!r}; the API is at "
+                                 "/episodes/{key}/v1/chat/completions", "not_found")  # fmt: skip
+            session = self.sessions.get(m.group(1))
+            if session is None:
+                raise ProxyError(404, f"no running episode {m.group(1)!r}", "episode_not_found")
+            if m.group(2) == "models":
+                return 200, JSON, orjson.dumps(protocol.models(MODEL_NAME))
+            if method != "POST":
+                raise ProxyError(405, "chat completions take POST", "method_not_allowed")
             try:
-                body = orjson.loads(await request.read())
+                doc = orjson.loads(body)
             except orjson.JSONDecodeError as e:
                 raise protocol.bad_request(f"the request body is not JSON: {e}") from None
-            req = protocol.parse_request(body)
+            req = protocol.parse_request(doc)
             reply = await session.chat(req)
         except ProxyError as e:
-            return _json(e.body(), e.status)
-        if not req.stream:
-            return _json(protocol.completion(req, reply))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})  # fmt: skip
-        await resp.prepare(request)
-        for event in protocol.stream_events(req, reply):
-            await resp.write(event)
-        await resp.write_eof()
-        return resp
+            return e.status, JSON, orjson.dumps(e.body())
+        if req.stream:  # a finished turn: all events at once
+            return 200, "text/event-stream", b"".join(protocol.stream_events(req, reply))
+        return 200, JSON, orjson.dumps(protocol.completion(req, reply))
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        status, kind, body = await self.dispatch(
+            request.method, request.path, request.headers.get("Authorization"),
+            await request.read(),
+        )  # fmt: skip
+        return web.Response(body=body, status=status, content_type=kind)
 
 
-__all__ = ["MODEL_NAME", "ProxyServer"]
+def in_process_transport(httpx: Any, server: ProxyServer) -> Any:
+    """An httpx transport that hands requests straight to `server.dispatch`. Its
+    `aclose` does nothing: one instance serves every episode's client, and an agent that
+    closes its client (`async with client:`) closes only its own."""
+
+    class InProcessTransport(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            body = await request.aread()
+            status, kind, content = await server.dispatch(
+                request.method, request.url.path, request.headers.get("authorization"), body
+            )
+            return httpx.Response(status, headers={"content-type": kind}, content=content)
+
+        async def aclose(self) -> None:
+            return None
+
+    return InProcessTransport()
+
+
+__all__ = ["MODEL_NAME", "ProxyServer", "in_process_transport"]

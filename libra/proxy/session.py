@@ -114,6 +114,9 @@ class Session:
             raise bad_request(str(e), "invalid_messages") from None
         except ProxyError:
             raise
+        except asyncio.CancelledError:  # the episode ended meanwhile: keep no half turn
+            self._cut(start)
+            raise
         except ContextFull as e:
             self._cut(start)
             self._end("truncated", str(e), 400, "context_length_exceeded")
@@ -154,8 +157,10 @@ class Session:
         """Freeze the session (the episode is being recorded): requests still in flight
         are cancelled, later ones refused."""
         self._closed = True
+        me = asyncio.current_task()
         for task in list(self._inflight):
-            task.cancel()
+            if task is not me:
+                task.cancel()
 
     # --- messages -> context -----------------------------------------------------------
     def _take(self, req: ChatRequest, msgs: list[dict[str, Any]], turn_idx: int) -> None:

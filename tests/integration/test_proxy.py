@@ -69,7 +69,11 @@ def edit(messages, mode):
                            for c in m["tool_calls"]]}
 
 
-async def run(task, client: openai.AsyncOpenAI, log=None, stream=False, tools=None, stop=None):
+async def run(task, client: openai.AsyncOpenAI, log=None, stream=False, tools=None, stop=None,
+              own_client=False):
+    if own_client:  # a client of its own on the base URL: real HTTP to the proxy server
+        client = openai.AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key,
+                                    max_retries=0)
     mode = task.get("mode", "normal")
     if mode == "no-call":
         return 1.0
@@ -200,9 +204,12 @@ def native_tools(tmp_path: Path) -> list[dict[str, Any]]:
     return [load_object(f"{tmp_path}/my_envs.py:calculator").schema]
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("stream", "own_client"), [(False, False), (True, False), (True, True)],
+    ids=["given-client", "given-client-streaming", "own-http-client-streaming"],
+)  # fmt: skip
 async def test_openai_agent_records_like_a_native_env(
-    tmp_path: Path, tiny_model: Path, fake_vllm, stream: bool
+    tmp_path: Path, tiny_model: Path, fake_vllm, stream: bool, own_client: bool
 ) -> None:
     (tmp_path / "agent.py").write_text(AGENT)
     tools = native_tools(tmp_path)
@@ -212,7 +219,7 @@ async def test_openai_agent_records_like_a_native_env(
     c = cfg(tmp_path, tiny_model, bucket, env=f"{tmp_path}/agent.py:run", tasks=str(tasks),
             group_size=3, concurrency=8,
             env_options={"log": str(log), "stream": stream, "tools": tools,
-                         "stop": ["</answer>"]})  # fmt: skip
+                         "stop": ["</answer>"], "own_client": own_client})  # fmt: skip
     summary = await rollout(c, progress=False)
     recs = read_jsonl(c.out)
     assert summary["episodes"] == len(recs) == 18 and summary["status"] == {"ok": 18}

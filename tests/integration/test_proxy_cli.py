@@ -135,6 +135,18 @@ async def probe(task: dict[str, Any], client: openai.AsyncOpenAI) -> dict[str, A
         except openai.BadRequestError as e:
             seen[name] = (e.status_code, str(e))
     seen["models"] = [m.id for m in (await client.models.list()).data]
+    # The same answers over real HTTP, from a client of the agent's own.
+    over_http = openai.AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key)
+    seen["http_models"] = [m.id for m in (await over_http.models.list()).data]
+    try:
+        await over_http.chat.completions.create(model="m", messages=msgs, n=2)
+    except openai.BadRequestError as e:
+        seen["http_n"] = (e.status_code, str(e))
+    try:
+        await over_http.with_options(api_key="wrong").models.list()
+    except openai.AuthenticationError as e:
+        seen["http_key"] = e.status_code
+    await over_http.close()
     bad_key = client.with_options(api_key="wrong")
     try:
         await bad_key.chat.completions.create(model="m", messages=msgs)
@@ -180,6 +192,8 @@ async def test_the_proxy_refuses_clearly_and_serves_the_rest(tiny_model: Path, f
     assert info["tool_choice"][0] == 400 and "tool_choice 'required'" in info["tool_choice"][1]
     assert "'image_url' is not supported" in info["image"][1]
     assert info["models"] == ["libra-policy"] and info["key"] == 401 and info["path"] == 404
+    assert info["http_models"] == ["libra-policy"] and info["http_key"] == 401
+    assert info["http_n"][0] == 400 and "`n` must be 1" in info["http_n"][1]
     (turn,) = rec.turns  # refused requests leave no trace on the record
     assert [lp for _, lp in info["logprobs"]] == rec.logprobs[: turn.model_tokens]
     assert info["usage"]["prompt_tokens"] == rec.prompt_tokens
