@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8, help="prompts per batch")
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per reply")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--out", default="runs/stream-ckpt", help="where checkpoints go")
     args = ap.parse_args()

@@ -36,6 +36,8 @@ from libra.service.spool import Spool, Syncer, write_json_atomic
 
 log = logging.getLogger("libra.service")
 
+WEIGHTS = ".weights.json"
+"""In the spool dir: the last weight version (a dot name: no batch id can take it)."""
 KEEP_LOADED = 16
 """Finished batches kept in memory (index, open file); older ones without readers are
 dropped and re-read from the spool when asked for again (a trainer submitting a batch
@@ -102,7 +104,7 @@ class BatchManager:
         endpoints that outlived the service still hold those weights; engines the
         service launched itself start from the base model (version 0)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        weights = self.root / "weights.json"
+        weights = self.root / WEIGHTS
         if weights.is_file():
             self.version = int(orjson.loads(weights.read_bytes())["version"])
             self.pool.set_version(self.version, kept_urls)
@@ -230,7 +232,7 @@ class BatchManager:
 
     def set_version(self, version: int) -> None:
         self.version = version
-        write_json_atomic(self.root / "weights.json", {"version": version})
+        write_json_atomic(self.root / WEIGHTS, {"version": version})
 
     def status(self, batch: Batch) -> dict[str, Any]:
         counts = {"queued": self.fair.pending(batch.id) if batch.state == "running" else 0}

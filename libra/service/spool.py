@@ -149,33 +149,33 @@ class Spool:
             self.group_done.append((seq, group))
 
     def _recover(self) -> None:
+        """Index an existing file line by line (memory: the index, not the file)."""
         if not self.path.exists():
             self.path.touch()
             fsync_dir(self.folder)
             return
-        good = 0
+        good = 0  # end of the last good line
+        bad: int | None = None  # line number of a bad complete line, if any
         with open(self.path, "rb") as f:
-            data = f.read()
-        pos = 0
-        while pos < len(data):
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                break  # torn tail: a crash mid-write
-            try:
-                doc = orjson.loads(data[pos:nl])
-                ok = doc["seq"] == len(self.ends) and doc["id"] not in self.ids
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                ok = False
-            if not ok:
-                if data.find(b"\n", nl + 1) < 0:
-                    break  # the last complete line is torn too (garbage after a crash)
-                raise SpoolCorrupt(
-                    f"{self.path}:{len(self.ends) + 1}: not the record with seq "
-                    f"{len(self.ends)}; move the batch folder away or repair the file"
-                )
-            self._index(len(self.ends), doc["id"], doc["group_id"], doc["status"], nl + 1 - pos)
-            pos = good = nl + 1
-        if good < len(data):
+            for lineno, line in enumerate(f, 1):
+                if not line.endswith(b"\n"):
+                    break  # torn tail: a crash mid-write
+                if bad is not None:  # a bad line with good ones after it: not a crash
+                    raise SpoolCorrupt(
+                        f"{self.path}:{bad}: not the record with seq {bad - 1}; "
+                        "move the batch folder away or repair the file"
+                    )
+                try:
+                    doc = orjson.loads(line)
+                    ok = doc["seq"] == len(self.ends) and doc["id"] not in self.ids
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    ok = False
+                if not ok:
+                    bad = lineno  # the last complete line may be garbage after a crash
+                    continue
+                self._index(len(self.ends), doc["id"], doc["group_id"], doc["status"], len(line))
+                good += len(line)
+        if good < self.path.stat().st_size:
             with open(self.path, "r+b") as f:
                 f.truncate(good)
                 os.fsync(f.fileno())
