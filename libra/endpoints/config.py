@@ -62,8 +62,9 @@ class SamplingConfig(Config):
     """Tokens per model turn (also capped by the context left)."""
     seed: int | None = None
     """Per-episode seeds derive from it (seed + episode index) when set."""
-    logprobs: int = Field(1, ge=0, le=20)
-    """`logprobs` sent to `/v1/completions`; the sampled token's log-prob is recorded."""
+    logprobs: int = Field(0, ge=0, le=20)
+    """`logprobs` sent to `/v1/completions`: 0 returns just the sampled token's log-prob
+    (all Libra records); more adds top-k alternatives nobody reads."""
 
     @model_validator(mode="after")
     def _check(self) -> SamplingConfig:

@@ -15,12 +15,24 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from libra.errors import EndpointError
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """Linux: the child gets SIGKILL when its launcher dies, so a launcher that is killed
+    (SIGKILL, OOM) leaves no engine behind. libc is loaded here, in the parent."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -78,7 +90,11 @@ class Launched:
                "--host", "127.0.0.1", "--port", str(port), *self.extra_args]  # fmt: skip
         with open(log_path, "wb") as log:  # noqa: ASYNC230 - a local file, once per engine
             proc = await asyncio.create_subprocess_exec(
-                *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+                *cmd,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         return EngineProcess(f"http://127.0.0.1:{port}", proc, log_path)
 
