@@ -4,6 +4,7 @@ runner and running episode tasks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -12,7 +13,8 @@ from typing import Any, Literal
 import orjson
 
 from libra.record import Trajectory
-from libra.rollout.episode import EpisodeRunner, EpisodeSpec
+from libra.rollout.batch import Runner
+from libra.rollout.episode import EpisodeSpec
 from libra.rollout.tasks import episode_specs, task_id
 from libra.service.errors import RequestError
 from libra.service.spool import Spool
@@ -27,8 +29,12 @@ class Batch:
     """The stored request: env, tasks, group_size, sampling (effective), step, digest."""
     specs: list[EpisodeSpec]
     spool: Spool
-    runner: EpisodeRunner | None
-    """None when the batch is terminal (nothing left to run)."""
+    runnable: bool
+    """Running, and its env is hosted: episodes may run."""
+    runner: Runner | None = None
+    """Started when its first episode is admitted (an agent env's runner holds a proxy
+    server), closed when the batch completes."""
+    stack: contextlib.AsyncExitStack | None = None
     state: BatchState = "running"
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     """Running episodes by id."""
@@ -74,7 +80,8 @@ def specs_for(doc: dict[str, Any]) -> list[EpisodeSpec]:
 
 
 def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
-    """Unique task ids; every task renders a prompt (else 400 naming the task)."""
+    """Unique task ids; every task renders a prompt (else 400 naming the task); `prompt`
+    None: the env writes its own prompts (an agent function)."""
     seen: dict[str, int] = {}
     for i, task in enumerate(tasks):
         tid = task_id(task)
@@ -83,6 +90,8 @@ def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
                 400, f"tasks[{i}] repeats the id {tid!r} of tasks[{seen[tid]}]; ids must be unique"
             )
         seen[tid] = i
+        if prompt is None:
+            continue
         try:
             prompt(task)
         except Exception as e:

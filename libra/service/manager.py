@@ -12,6 +12,7 @@ for running episodes: a restarted service runs them again under the same ids.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -24,8 +25,10 @@ import orjson
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
+from libra.proxy.agent import AgentEnv
 from libra.record import Trajectory
-from libra.rollout.episode import EpisodeRunner, EpisodeSpec
+from libra.rollout.episode import EpisodeSpec
+from libra.rollout.run import episode_runner
 from libra.service.batch import Batch, check_tasks, request_digest, specs_for
 from libra.service.config import ServiceConfig, SubmitRequest
 from libra.service.envs import EnvHost
@@ -88,6 +91,8 @@ class BatchManager:
                     self._check_complete(b)
         finally:
             self._tg = None
+            for b in list(self.batches.values()):
+                await self._stop_runner(b)
             for b in self.batches.values():
                 spool = b.spool
                 if self.config.spool.fsync != "never" and not spool.closed:
@@ -119,7 +124,7 @@ class BatchManager:
             why = None
             if batch.state == "cancelled":
                 why = "cancelled"
-            elif batch.runner is None:
+            elif not batch.runnable:
                 why = f"env {doc['env']!r} is not hosted by the restarted service"
             elif self.config.spool.on_restart == "abort":
                 why = "the service restarted before the episode finished"
@@ -139,24 +144,37 @@ class BatchManager:
         spool = Spool(
             folder, doc["group_size"], durable_publish=self.config.spool.fsync == "always"
         )
-        runner = None
-        if state == "running" and doc["env"] in self.envs.names():
-            runner = self._runner(doc)
-        batch = Batch(doc["batch_id"], doc, specs_for(doc), spool, runner, state=state)
+        runnable = state == "running" and doc["env"] in self.envs.names()
+        batch = Batch(doc["batch_id"], doc, specs_for(doc), spool, runnable, state=state)
         self.batches[batch.id] = batch
         return batch
 
-    def _runner(self, doc: dict[str, Any]) -> EpisodeRunner:
-        return EpisodeRunner(
-            env=self.envs.get(doc["env"]),
-            env_name=doc["env"],
-            tokenizer=self.tok,
-            pool=self.pool,
-            policy=self.envs.policy(doc["env"]),
-            sampling=SamplingConfig.model_validate(doc["sampling"]),
-            limits=self.config.limits,
-            max_context=self.max_context,
+    async def _start_runner(self, batch: Batch) -> None:
+        """The batch's runner (`episode_runner`: an EpisodeRunner for a libra.Env, an
+        AgentRunner with its proxy for an agent function), kept open until it completes."""
+        doc = batch.doc
+        stack = contextlib.AsyncExitStack()
+        batch.runner = await stack.enter_async_context(
+            episode_runner(
+                self.envs.get(doc["env"]),
+                env_name=doc["env"],
+                tokenizer=self.tok,
+                pool=self.pool,
+                policy=self.envs.policy(doc["env"]),
+                sampling=SamplingConfig.model_validate(doc["sampling"]),
+                limits=self.config.limits,
+                max_context=self.max_context,
+            )
         )
+        batch.stack = stack
+
+    async def _stop_runner(self, batch: Batch) -> None:
+        stack, batch.stack, batch.runner = batch.stack, None, None
+        if stack is not None:
+            try:
+                await stack.aclose()
+            except Exception:
+                log.exception("closing the runner of batch %s failed", batch.id)
 
     # --- the API -----------------------------------------------------------------------
     def get(self, batch_id: str) -> Batch:
@@ -196,7 +214,7 @@ class BatchManager:
                     400, f"{len(req.tasks)} tasks x group_size {req.group_size} = {n} episodes; "
                     f"this service takes at most {self.config.max_episodes_per_batch} per batch",
                 )  # fmt: skip
-            check_tasks(req.tasks, env.prompt)
+            check_tasks(req.tasks, None if isinstance(env, AgentEnv) else env.prompt)
             doc = {
                 "batch_id": batch_id,
                 "env": req.env,
@@ -262,6 +280,17 @@ class BatchManager:
             batch = self.batches[item[0]]
             spec = item[1]
             waited = self.clock() - batch.queued_since
+            if batch.runner is None:
+                try:
+                    await self._start_runner(batch)
+                except Exception as e:
+                    log.exception("cannot start a runner for batch %s", batch.id)
+                    record = batch.aborted(spec, f"cannot start the env: {type(e).__name__}: {e}")
+                    record.status = "error"
+                    self.fair.release(batch.id)
+                    self._slots.release()
+                    self._finish(batch, record)
+                    continue
             batch.tasks[spec.id] = tg.create_task(
                 self._episode(batch, spec, waited), name=f"episode:{spec.id}"
             )
@@ -291,9 +320,9 @@ class BatchManager:
         batch.spool.append(record)
         self.syncer.touched(batch.spool)
         self.metrics.add(record)
-        if batch.runner is not None:
+        if batch.runnable:
             try:
-                batch.runner.policy.on_finish(record)
+                self.envs.policy(batch.doc["env"]).on_finish(record)
             except Exception:
                 log.exception("routing policy failed to learn from %s", record.id)
         self._check_complete(batch)
@@ -310,7 +339,9 @@ class BatchManager:
         state = {"state": batch.state, "complete": True}
         await asyncio.to_thread(write_json_atomic, batch.spool.folder / "state.json", state)
         batch.spool.close()
-        batch.runner = None
+        if batch.tasks:  # cancelled episodes recorded themselves and are still unwinding
+            await asyncio.wait(list(batch.tasks.values()))
+        await self._stop_runner(batch)
         self.evict()
 
     def evict(self) -> None:

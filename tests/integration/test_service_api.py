@@ -203,3 +203,33 @@ async def test_groups_cursor_cancel_slow_reader_and_fairness(
         assert (await c.cancel(big))["state"] == "cancelled"  # cancel is idempotent
         stalled.close()
         await asyncio.sleep(0)
+
+
+async def test_an_openai_sdk_agent_is_served_like_a_native_env(
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+) -> None:
+    """`--env NAME=agent.py:run` (an agent function behind the OpenAI-compatible proxy)
+    next to a native env in the same service."""
+    from tests.integration.test_proxy import AGENT
+
+    agent = tmp_path / "calc_agent.py"
+    agent.write_text(AGENT)
+    url, _ = spawn_fake()
+    svc = Service(tmp_path, tiny_model, [url], "--env", f"calc={agent}:run", "--env", "arith")
+    services.append(svc)
+    base = svc.start()
+    tasks = [{"id": f"q{i}", "question": f"What is {i} * 3 + 1?", "answer": str(i * 3 + 1)}
+             for i in range(4)]  # fmt: skip
+    async with AsyncClient(base) as c:
+        agent_batch = await c.submit("calc", tasks, group_size=2)
+        native_batch = await c.submit("arith", tasks, group_size=2)
+        agent_recs = [r async for r in c.trajectories(agent_batch)]
+        native_recs = [r async for r in c.trajectories(native_batch)]
+        assert (await c.status(agent_batch))["state"] == "done"
+    assert len(agent_recs) == len(native_recs) == 8
+    for r in agent_recs:
+        assert r.status == "ok" and r.reward == 1.0 and r.env == "calc", r.error
+        assert [len(t.tool_returns) for t in r.turns] == [1, 0]
+        assert r.turns[0].tool_returns[0].tool == "calculator"
+        assert sum(r.loss_mask) == r.model_tokens > 0
+    assert {r.status for r in native_recs} == {"ok"}
