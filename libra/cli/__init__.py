@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "serve-rollout": "libra.cli.serve_rollout",
     "serve-engine": "libra.cli.serve_engine",
     "plan": "libra.cli.plan",
+    "simulate": "libra.cli.simulate",
 }
 
 

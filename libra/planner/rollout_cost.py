@@ -115,6 +115,27 @@ class InstanceCost:
         cmp = batch * self.cmp_per_token_s + kv_tokens * self.cmp_per_pair_s
         return np.maximum(mem, cmp) + self.comm_step_s + batch * self.comm_per_token_s
 
+    def step_time(self, batch: float, kv_tokens: float) -> float:
+        """`step_s` for one batch state, in plain floats (no numpy dispatch: the
+        discrete-event simulator calls it several times per event)."""
+        read = self.dense_read_s
+        if self.experts:
+            miss = (1.0 - self.experts_active / self.experts) ** max(batch, 1.0)
+            read += self.expert_read_s * self.experts * (1.0 - miss)
+        mem = read + kv_tokens * self.kv_time_per_token
+        cmp = batch * self.cmp_per_token_s + kv_tokens * self.cmp_per_pair_s
+        return max(mem, cmp) + self.comm_step_s + batch * self.comm_per_token_s
+
+    def prefill_time(self, tokens: float, context: float = 0.0, chunk: int = 8192) -> float:
+        """`prefill_time` on this instance type (`chunk`: `max_num_batched_tokens`)."""
+        if tokens <= 0:
+            return 0.0
+        chunks = math.ceil(tokens / chunk)
+        pairs = tokens * context + tokens * tokens / 2.0
+        compute = float(self.prefill_s(float(tokens), pairs))
+        weights = chunks * float(self.weight_read_s(float(chunk)))
+        return max(compute, weights) + chunks * self.comm_step_s
+
     def prefill_s(
         self, tokens: np.ndarray | float, pairs: np.ndarray | float
     ) -> np.ndarray | float:
@@ -181,12 +202,7 @@ def prefill_time(
     if tokens <= 0:
         return 0.0
     s = settings or _DEFAULT
-    ic = instance_cost(model, hw, tp, s)
-    chunks = math.ceil(tokens / s.max_num_batched_tokens)
-    pairs = tokens * context + tokens * tokens / 2.0
-    compute = float(ic.prefill_s(float(tokens), pairs))
-    weights = chunks * float(ic.weight_read_s(float(s.max_num_batched_tokens)))
-    return max(compute, weights) + chunks * ic.comm_step_s
+    return instance_cost(model, hw, tp, s).prefill_time(tokens, context, s.max_num_batched_tokens)
 
 
 __all__ = [

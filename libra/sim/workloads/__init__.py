@@ -23,7 +23,7 @@ from typing import Any
 from libra.errors import ConfigError
 from libra.record import Trajectory
 from libra.sim.workloads.dapo_math import DAPO_MATH
-from libra.sim.workloads.generator import episode, make_task, step_tasks
+from libra.sim.workloads.generator import episode_data, make_task, step_tasks
 from libra.sim.workloads.r2e_gym import R2E_GYM
 from libra.sim.workloads.search_r1 import SEARCH_R1
 from libra.sim.workloads.spec import TaskClass, ToolSpec, WorkloadSpec
@@ -67,20 +67,36 @@ def sample(
 
     Records come grouped by prompt (`group_id`), `seq` numbering them in order.
     """
+    return [
+        Trajectory.model_validate(d)
+        for d in sample_data(name, n_prompts, group, step=step, seed=seed, params=params)
+    ]
+
+
+def sample_data(
+    name: str,
+    n_prompts: int,
+    group: int,
+    *,
+    step: int = 0,
+    seed: int = 0,
+    params: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """`sample` as plain record data, not validated (the simulator's fast path)."""
     if n_prompts < 1 or group < 1:
         raise ConfigError(f"n_prompts and group must be >= 1 (got {n_prompts}, {group})")
     if step < 0:
         raise ConfigError(f"step must be >= 0 (got {step})")
     s = spec(name, params)
-    out: list[Trajectory] = []
+    out: list[dict[str, Any]] = []
     for index in step_tasks(s, n_prompts, step, seed):
         task = make_task(s, seed, index)
         group_id = f"{s.name}/step-{step}/{index}"
         for k in range(group):
-            rec = episode(s, task, step=step, seed=seed, sample=k, group_id=group_id)
-            rec.seq = len(out)
+            rec = episode_data(s, task, step=step, seed=seed, sample=k, group_id=group_id)
+            rec["seq"] = len(out)
             out.append(rec)
     return out
 
 
-__all__ = ["WORKLOADS", "TaskClass", "ToolSpec", "WorkloadSpec", "sample", "spec"]
+__all__ = ["WORKLOADS", "TaskClass", "ToolSpec", "WorkloadSpec", "sample", "sample_data", "spec"]

@@ -1,0 +1,146 @@
+"""`libra simulate`: the cluster simulator for one or more systems on a workload."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from libra.cli.common import add_json_flag, print_json, progress
+from libra.errors import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name,
+        help="simulate RL post-training systems on a cluster (discrete events, virtual time)",
+        description=(
+            "Run systems (Libra, its ablation ladder and the baselines of docs/baselines.md) "
+            "on one workload on a simulated cluster: continuous-batching inference "
+            "instances and training steps timed by the planner's cost model, tools with "
+            "their recorded latencies, the real routing policies and planner. Reports "
+            "throughput (generated token/s), time for the steps and GPU use by role."
+        ),
+    )
+    p.add_argument(
+        "--workload",
+        default="search-r1",
+        help="search-r1 | r2e-gym | dapo-math (generated, drifting with the step) or a "
+        "TRACE.jsonl[.gz] of trajectory records grouped by their step (default search-r1)",
+    )
+    p.add_argument("--gpus", type=int, default=48, help="GPUs in the cluster (default 48)")
+    p.add_argument(
+        "--hardware",
+        default="a800-80g",
+        help="a800-80g | h100-80g | h200-141g | ascend-910b3 | a profile .toml (default a800-80g)",
+    )
+    p.add_argument(
+        "--model",
+        default="qwen3-14b",
+        help="qwen3-4b | qwen3-14b | qwen3-32b | qwen3-30b-a3b | a folder with config.json "
+        "(default qwen3-14b)",
+    )
+    p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    p.add_argument(
+        "--systems",
+        default="all",
+        help="all | baselines | ladder | NAME,... (names: verl-colocated, "
+        "verl-static-uniform, verl-greedy-heuristic, areal-static-optimal, "
+        "libra-homogeneous, libra-hetero-tp, libra-cmlfq, libra, libra-oracle-routing)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="prompts per step (default 32 for search-r1, 16 otherwise)",
+    )
+    p.add_argument("--group", type=int, default=16, help="samples per prompt (default 16)")
+    p.add_argument(
+        "--staleness",
+        type=int,
+        default=1,
+        help="asynchronous systems: steps an episode's weights may lag (default 1)",
+    )
+    p.add_argument(
+        "--pipeline",
+        choices=("batch", "stream"),
+        default="batch",
+        help="batch: a step's rollout starts after the previous one's (the planner's "
+        "model, default); stream: as soon as staleness allows",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes simulating systems side by side (default: min(2, CPUs))",
+    )
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots to DIR")
+    add_json_flag(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from libra.config import build
+    from libra.sim.config import SimConfig
+    from libra.sim.runner import simulate
+    from libra.sim.systems import resolve
+
+    if args.gpus < 2:
+        raise ConfigError(f"--gpus must be >= 2: one to train, one to roll out (got {args.gpus})")
+    for flag in ("steps", "prompts", "group", "staleness", "jobs"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag} must be >= 1 (got {value})")
+    if args.plot is not None and args.plot.exists() and not args.plot.is_dir():
+        raise ConfigError(f"--plot {str(args.plot)!r} is a file; pass a directory")
+    fields = ("workload", "gpus", "hardware", "model", "steps", "seed", "prompts", "group",
+              "staleness", "pipeline")  # fmt: skip
+    cfg = build(SimConfig, {f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+    systems = resolve(args.systems)
+    if args.plot is not None:
+        from libra.sim.plot import _pyplot
+
+        _pyplot()  # fail before simulating, not after
+    jobs = args.jobs or min(2, os.cpu_count() or 1)
+    result = simulate(cfg, systems, jobs=jobs, progress=progress)
+    if args.plot is not None:
+        from libra.sim.plot import write_plots
+
+        for f in write_plots(result, args.plot):
+            progress(f"wrote {f}")
+    if args.json:
+        print_json(result)
+    else:
+        print(render(result))
+    return 0
+
+
+def render(result: dict[str, Any]) -> str:
+    c, w = result["config"], result["workload"]
+    systems = result["systems"]
+    ref = next((r for r in systems if r["system"] == "libra"), None)
+    lines = [
+        f"simulate: {w['name']} ({w['episodes_per_step']} episodes/step, p50 "
+        f"{w['total_tokens_p50']:,} / max {w['total_tokens_max']:,} tokens), {c['model']} on "
+        f"{c['gpus']} x {c['hardware']}, {c['steps']} steps, {c['pipeline']} pipeline, "
+        f"staleness {c['staleness']}",
+        f"  {'system':<22} {'token/s':>8} {'libra /' if ref else '':>8} {'time (h)':>9}"
+        f"   GPU use: {'rollout':>7} {'train':>6} {'reconf':>6} {'idle':>6}"
+        f"   {'moves/ep':>8} {'migrated':>8}",
+    ]
+    for r in systems:
+        u = r["utilization"]
+        moves = sum(r["routing"]["moves_per_episode"].values())
+        ratio = f"{ref['throughput'] / r['throughput']:.2f}x" if ref else ""
+        lines.append(
+            f"  {r['system']:<22} {r['throughput']:>8,.0f} {ratio:>8} {r['time_s'] / 3600:>9.2f}"
+            f"            {u['rollout']:>7.1%} {u['training']:>6.1%} {u['reconfiguration']:>6.1%}"
+            f" {u['idle']:>6.1%}   {moves:>8.2f} {r['routing']['migrated_token_ratio']:>8.1%}"
+        )
+    t = result["timing"]
+    lines.append(
+        f"  simulated in {t['cpu_s']:.1f} s CPU, {t['wall_s']:.1f} s wall ({t['jobs']} jobs)"
+    )
+    return "\n".join(lines)

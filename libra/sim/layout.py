@@ -1,0 +1,165 @@
+"""Layouts: a training configuration and a rollout instance mix, and where they come from.
+
+Every layout is chosen with the planner's own code on a workload's statistics: the
+planner's plan for Libra's rungs (`plan`), the best uniform-TP plan for
+AReaL-Static-Optimal and the homogeneous rung, `best_train` + `evaluate_rollout` for the
+verl baselines' fixed splits. A layout's buckets are its TP sizes, each serving final
+contexts up to the longest its plan assigned it (the largest serves everything).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from libra.errors import ConfigError
+from libra.planner import (
+    HardwareProfile,
+    ModelProfile,
+    Plan,
+    PlannerSettings,
+    RolloutSettings,
+    TrainConfig,
+    WorkloadStats,
+    best_train,
+    evaluate_rollout,
+    instance_cost,
+    plan,
+    tp_supported,
+)
+from libra.routing import Bucket
+from libra.sim.config import SimConfig
+from libra.sim.episodes import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    train: TrainConfig
+    mix: dict[int, int]
+    """Rollout instances per TP size."""
+    bounds: dict[int, int]
+    """Largest final context each TP size's bucket serves."""
+    predicted_t_iter: float = math.nan
+    plan: Plan | None = field(default=None, compare=False)
+
+    @property
+    def rollout_gpus(self) -> int:
+        return sum(tp * n for tp, n in self.mix.items())
+
+    def buckets(self) -> list[Bucket]:
+        return [Bucket(f"tp{tp}", tp, self.bounds[tp]) for tp in sorted(self.mix) if self.mix[tp]]
+
+    def describe(self) -> dict[str, Any]:
+        c = self.train
+        return {
+            "train": {"gpus": c.gpus, "tp": c.tp, "pp": c.pp, "dp": c.dp, "zero": c.zero},
+            "rollout": {f"tp{tp}": n for tp, n in sorted(self.mix.items()) if n},
+            "bounds": {f"tp{tp}": b for tp, b in sorted(self.bounds.items())},
+            "predicted_t_iter_s": None if math.isnan(self.predicted_t_iter) else
+            round(self.predicted_t_iter, 1),
+        }  # fmt: skip
+
+    @classmethod
+    def of_plan(cls, p: Plan, max_context: int) -> Layout:
+        groups = [g for g in p.rollout.groups if g.instances]
+        bounds = {g.tp: g.max_tokens for g in groups}
+        bounds[groups[-1].tp] = max_context
+        return cls(p.train.config, p.rollout.mix(), bounds, p.t_iter, p)
+
+
+class Env:
+    """What every system of a run shares: profiles, settings, the workload."""
+
+    def __init__(self, cfg: SimConfig, model: ModelProfile, hw: HardwareProfile, wl: Workload):
+        self.cfg, self.model, self.hw, self.workload = cfg, model, hw, wl
+        self.settings = PlannerSettings()
+        self.colocated_settings = PlannerSettings(
+            rollout=RolloutSettings(gpu_memory_utilization=cfg.colocated_memory)
+        )
+        self.max_context = wl.max_context
+        self._stats: dict[int, WorkloadStats] = {}
+        self._plans: dict[tuple[int | None, bool], Layout] = {}
+
+    def stats(self, step: int) -> WorkloadStats:
+        if step not in self._stats:
+            self._stats[step] = WorkloadStats.from_records(self.workload.records(step))
+        return self._stats[step]
+
+    def tps(self, settings: PlannerSettings) -> list[int]:
+        return [
+            t
+            for t in settings.rollout.tp_sizes
+            if tp_supported(self.model, self.hw, t)
+            and instance_cost(self.model, self.hw, t, settings.rollout).fits
+        ]
+
+    # --- layouts ----------------------------------------------------------------------
+    def best_train(self, stats: WorkloadStats, gpus: int) -> TrainConfig:
+        best = best_train(self.model, self.hw, stats, gpus, self.settings)
+        if best is None:
+            raise ConfigError(
+                f"{self.model.id} training does not fit on {gpus} x {self.hw.id}; "
+                "use more GPUs or hardware with more memory"
+            )
+        return best.config
+
+    def uniform(self, stats: WorkloadStats, gpus: int, settings: PlannerSettings) -> int:
+        """The TP size whose uniform fleet on `gpus` GPUs rolls `stats` out fastest."""
+        times = {}
+        for tp in self.tps(settings):
+            if gpus >= tp:
+                r = evaluate_rollout(self.model, self.hw, stats, {tp: gpus // tp}, settings)
+                times[tp] = r.time_s
+        if not times or not math.isfinite(min(times.values())):
+            raise ConfigError(
+                f"no uniform TP size serves {self.workload.name} on {gpus} x {self.hw.id}"
+            )
+        return min(times, key=lambda t: (times[t], t))
+
+    def fixed(
+        self, stats: WorkloadStats, train_gpus: int, rollout_gpus: int, settings: PlannerSettings
+    ) -> Layout:
+        """The best training configuration on `train_gpus`, and `rollout_gpus` as
+        instances of the one TP size that rolls `stats` out fastest."""
+        tp = self.uniform(stats, rollout_gpus, settings)
+        return Layout(
+            self.best_train(stats, train_gpus), {tp: rollout_gpus // tp}, {tp: self.max_context}
+        )
+
+    def planned(self, stats: WorkloadStats, *, hetero: bool, step: int | None = None) -> Layout:
+        """The planner's plan (every TP size), or its best uniform-TP plan; memoised by
+        `step` (the systems of a run plan on the same batches)."""
+        key = (step, hetero)
+        if step is not None and key in self._plans:
+            return self._plans[key]
+        layout = self._planned(stats, hetero)
+        if step is not None:
+            self._plans[key] = layout
+        return layout
+
+    def _planned(self, stats: WorkloadStats, hetero: bool) -> Layout:
+        if hetero:
+            return Layout.of_plan(plan(self.model, self.hw, stats, self.cfg.gpus), self.max_context)
+        best: Plan | None = None
+        for tp in self.tps(self.settings):
+            s = self.settings.model_copy(
+                update={"rollout": self.settings.rollout.model_copy(update={"tp_sizes": [tp]})}
+            )
+            try:
+                p = plan(self.model, self.hw, stats, self.cfg.gpus, s)
+            except ConfigError:
+                continue  # this TP size cannot serve the workload
+            if best is None or p.t_iter < best.t_iter:
+                best = p
+        if best is None:
+            raise ConfigError(f"no uniform-TP plan serves {self.workload.name}")
+        return Layout.of_plan(best, self.max_context)
+
+    @cached_property
+    def initial(self) -> WorkloadStats:
+        return self.stats(0)
+
+
+__all__ = ["Env", "Layout"]

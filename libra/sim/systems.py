@@ -1,0 +1,135 @@
+"""The systems the simulator compares (defined precisely in docs/baselines.md).
+
+A system is a choice on each axis of resource management, nothing else: every system
+runs the same workload, the same instances and trainer models, and (except
+verl-Colocated, which is synchronous) the same asynchronous pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from libra.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class SystemSpec:
+    name: str
+    summary: str
+    split: Literal["colocated", "even", "static-optimal", "planner", "greedy"]
+    """How GPUs are divided between training and rollout."""
+    hetero: bool = False
+    """Rollout instances of several TP sizes (the planner's mix) instead of one."""
+    routing: str = "static"
+    """`static` (one bucket per TP size, the smallest that fits), `pooled` (one bucket
+    of every instance, least-loaded per GPU: no length-aware routing), or a
+    `libra.routing.make_policy` name routing over the plan's buckets (`mlfq`, `cmlfq`),
+    or `oracle` (a diagnostic upper bound, not a policy: every episode starts in the
+    bucket of its true final length and never moves)."""
+    replan: bool = False
+    """Replan from fresh trajectories (`ReplanPolicy`) during the run."""
+    elastic: bool = False
+    """Elastic hybrid pool: idle rollout instances join training as data-parallel
+    replicas, and data-parallel changes need no restart."""
+
+    @property
+    def sync(self) -> bool:
+        return self.split == "colocated"
+
+
+SYSTEMS: dict[str, SystemSpec] = {
+    s.name: s
+    for s in (
+        SystemSpec(
+            "verl-colocated",
+            "all GPUs alternate rollout and training (synchronous), uniform TP",
+            split="colocated",
+        ),
+        SystemSpec(
+            "verl-static-uniform",
+            "fixed even split, uniform TP, no migration (one step off-policy)",
+            split="even",
+        ),
+        SystemSpec(
+            "verl-greedy-heuristic",
+            "shifts a node toward the previous step's bottleneck, uniform TP",
+            split="greedy",
+        ),
+        SystemSpec(
+            "areal-static-optimal",
+            "best static split and uniform TP for the initial workload, then fixed",
+            split="static-optimal",
+        ),
+        SystemSpec(
+            "libra-homogeneous",
+            "ladder 1: the planner with replanning, uniform TP",
+            split="planner",
+            replan=True,
+        ),
+        SystemSpec(
+            "libra-hetero-tp",
+            "ladder 2: + heterogeneous TP (no length-aware routing yet)",
+            split="planner",
+            hetero=True,
+            routing="pooled",
+            replan=True,
+        ),
+        SystemSpec(
+            "libra-cmlfq",
+            "ladder 3: + C-MLFQ routing",
+            split="planner",
+            hetero=True,
+            routing="cmlfq",
+            replan=True,
+        ),
+        SystemSpec(
+            "libra",
+            "ladder 4: + elastic hybrid pool (= Libra)",
+            split="planner",
+            hetero=True,
+            routing="cmlfq",
+            replan=True,
+            elastic=True,
+        ),
+        SystemSpec(
+            "libra-oracle-routing",
+            "diagnostic: Libra with routing that knows every episode's final length",
+            split="planner",
+            hetero=True,
+            routing="oracle",
+            replan=True,
+            elastic=True,
+        ),
+    )
+}
+
+GROUPS = {
+    "all": [n for n in SYSTEMS if n != "libra-oracle-routing"],
+    "baselines": ["verl-colocated", "verl-static-uniform", "verl-greedy-heuristic",
+                  "areal-static-optimal", "libra"],
+    "ladder": ["verl-static-uniform", "libra-homogeneous", "libra-hetero-tp", "libra-cmlfq",
+               "libra"],
+}  # fmt: skip
+"""Names `--systems` also accepts."""
+
+
+def resolve(names: str) -> list[SystemSpec]:
+    """`all`, `baselines`, `ladder`, or a comma-separated list of system names."""
+    out: list[str] = []
+    for item in (n.strip() for n in names.split(",")):
+        if not item:
+            continue
+        if item in GROUPS:
+            out += GROUPS[item]
+        elif item in SYSTEMS:
+            out.append(item)
+        else:
+            known = ", ".join([*GROUPS, *SYSTEMS])
+            raise ConfigError(f"unknown system {item!r}; known: {known}")
+    if not out:
+        raise ConfigError("--systems names no system; pass e.g. all or libra,verl-colocated")
+    return [SYSTEMS[n] for n in dict.fromkeys(out)]
+
+
+__all__ = ["GROUPS", "SYSTEMS", "SystemSpec", "resolve"]

@@ -1,0 +1,65 @@
+"""`libra simulate` from the command line: output, plots, and one clear line for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from libra.cli import main
+
+SMALL = ["--workload", "search-r1", "--gpus", "16", "--steps", "3", "--prompts", "4",
+         "--group", "8", "--jobs", "1"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--gpus", "1"], "--gpus must be >= 2"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--staleness", "0"], "--staleness must be >= 1"),
+        (["--systems", "libra,verl-turbo"], "unknown system 'verl-turbo'; known: all,"),
+        (["--systems", ","], "--systems names no system"),
+        (["--workload", "swe-bench"], "unknown workload 'swe-bench'; known: search-r1"),
+        (["--workload", "missing.jsonl"], "no such trace file"),
+        (["--model", "qwen9"], "unknown model 'qwen9'"),
+        (["--hardware", "local"], "--hardware local describes this machine"),
+        (["--pipeline", "eager"], "invalid choice: 'eager'"),
+        (["--gpus", "abc"], "invalid int value: 'abc'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
+    try:
+        rc = main(["simulate", *argv])
+    except SystemExit as e:  # argparse's own checks (types, choices)
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("libra: error:") and needle in err
+    assert "Traceback" not in err
+
+
+def test_plot_to_a_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "x.png"
+    f.write_text("")
+    assert main(["simulate", *SMALL, "--plot", str(f)]) == 2
+    assert "is a file; pass a directory" in capsys.readouterr().err
+
+
+def test_json_table_and_plots(tmp_path, capsys):
+    out = tmp_path / "plots"
+    assert main(["simulate", *SMALL, "--systems", "verl-colocated,libra", "--json",
+                 "--plot", str(out)]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["system"] for r in doc["systems"]] == ["verl-colocated", "libra"]
+    for r in doc["systems"]:
+        assert r["throughput"] > 0 and len(r["per_step"]) == 3
+        assert set(r["utilization"]) == {"rollout", "training", "reconfiguration", "idle"}
+    assert doc["timing"]["cpu_s"] > 0 and doc["timing"]["wall_s"] > 0
+    for name in ("throughput.png", "allocation-libra.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert main(["simulate", *SMALL, "--systems", "ladder"]) == 0
+    table = capsys.readouterr().out
+    assert "libra /" in table and "libra-hetero-tp" in table and "simulated in" in table
