@@ -128,4 +128,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # The vLLM-only module needs the vLLM servers: outside the vLLM stage it is not collected
 # (rather than skipped, so the main CI stage does not count it as missing).
-collect_ignore = [] if WITH_VLLM else ["test_vllm_stage.py"]
+collect_ignore = [] if WITH_VLLM else ["test_vllm_stage.py", "test_vllm_proxy.py"]
