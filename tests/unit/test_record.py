@@ -19,10 +19,41 @@ def test_checked_in_schema_matches_the_model() -> None:
 
 def test_contract_fields_present() -> None:
     props = json_schema()["properties"]
-    for field in ["id", "batch_id", "task_id", "group_id", "env", "step", "seq", "status", "reward", "reward_info", "answer", "prompt_token_ids", "prompt_tokens", "response_token_ids", "loss_mask", "logprobs", "total_tokens", "turns", "migrations", "timings"]:
+    for field in [
+        "id",
+        "batch_id",
+        "task_id",
+        "group_id",
+        "env",
+        "step",
+        "seq",
+        "status",
+        "reward",
+        "reward_info",
+        "answer",
+        "prompt_token_ids",
+        "prompt_tokens",
+        "response_token_ids",
+        "loss_mask",
+        "logprobs",
+        "total_tokens",
+        "turns",
+        "migrations",
+        "timings",
+    ]:
         assert field in props, field
     turn = json_schema()["$defs"]["Turn"]["properties"]
-    for field in ["start", "model_tokens", "tool_tokens", "bucket", "endpoint", "policy_version", "finish_reason", "tool_calls", "tool_returns"]:
+    for field in [
+        "start",
+        "model_tokens",
+        "tool_tokens",
+        "bucket",
+        "endpoint",
+        "policy_version",
+        "finish_reason",
+        "tool_calls",
+        "tool_returns",
+    ]:
         assert field in turn, field
 
 
