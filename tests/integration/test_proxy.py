@@ -428,10 +428,10 @@ async def test_episode_timeout_cancels_the_agent(
     tasks = write_tasks(tmp_path / "t.jsonl", arith_tasks(2, mode="hang"))
     c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[fake_vllm.url])],
             env=f"{tmp_path}/agent.py:run", tasks=str(tasks),
-            limits={"episode_timeout_s": 2.0})  # fmt: skip
+            limits={"episode_timeout_s": 3.0})  # fmt: skip
     await rollout(c, progress=False)
     for r in read_jsonl(c.out):
-        assert (r.status, r.error) == ("timeout", "episode exceeded 2 s")
+        assert (r.status, r.error) == ("timeout", "episode exceeded 3 s")
         assert len(r.turns) == 1 and r.reward == 0.0  # its one turn is kept
         check_tokens(r, fake_vllm.fake.requests)
 

@@ -163,9 +163,13 @@ async def probe(task: dict[str, Any], client: openai.AsyncOpenAI) -> dict[str, A
     return {"reward": 0.5, **{k: json.dumps(v) for k, v in seen.items()}}
 
 
+REPLIED: list[str] = []
+
+
 async def hang(task: dict[str, Any], client: openai.AsyncOpenAI) -> float:
     await client.chat.completions.create(model="m", messages=[
         {"role": "user", "content": "What is 3 + 4?"}])  # fmt: skip
+    REPLIED.append(str(client.base_url))
     await asyncio.Event().wait()
     return 1.0
 
@@ -209,7 +213,8 @@ async def test_cancelled_batch_records_aborted_agent_episodes(tiny_model: Path, 
         batch = asyncio.create_task(
             run_episodes(runner, [spec(i) for i in range(3)], concurrency=3, emit=got.append)
         )
-        while len(fake_vllm.fake.requests) < 3:
+        REPLIED.clear()
+        while len(REPLIED) < 3:  # every agent has its first reply
             await asyncio.sleep(0.01)
         batch.cancel()
         with pytest.raises(asyncio.CancelledError):
