@@ -172,8 +172,8 @@ class Session:
             self._fits(len(ids), "the prompt")
             self.segments.append(Seg(0, "", ids, list(ids)))
             n = len(ids)
-            self.place.bucket = self.place.known(self.sh.policy.on_start(
-                EpisodeState(self.spec.id, self.spec.task_id, n, n, (), "", 0)))  # fmt: skip
+            state = EpisodeState(self.spec.id, self.spec.task_id, n, n, (), "", 0, tuple(ids))
+            self.place.bucket = self.place.known(self.sh.policy.on_start(state))
         elif tools == self.tools and m.extends(self.history, msgs):
             returns = self._returns(req, msgs, m.trailing_tools(msgs))
             new = rendered[len(self.history) :]
