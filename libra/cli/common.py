@@ -35,3 +35,51 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
 
 def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def add_fleet_flags(p: argparse.ArgumentParser) -> None:
+    """Flags every job that talks to buckets of endpoints shares (rollout, serve-rollout,
+    train): model, routing policy, endpoints and buckets, sampling and limits."""
+    p.add_argument("--model", help="model folder (default: the tiny default model)")
+    p.add_argument("--policy", help="routing policy (cmlfq, mlfq, predictor, static)")
+    p.add_argument(
+        "--endpoint", action="append", metavar="BUCKET=URL", help="add an endpoint (repeatable)"
+    )
+    p.add_argument(
+        "--bucket", action="append", metavar="NAME=TP:BOUND", help="declare a bucket (repeatable)"
+    )
+    p.add_argument("--launch", type=int, metavar="N", help="embedded engines to start per bucket")
+    p.add_argument("--temperature", type=float, help="sampling temperature")
+    p.add_argument("--max-tokens", type=int, help="tokens per model turn")
+    p.add_argument("--max-turns", type=int, help="override the env's max_turns")
+    p.add_argument("--max-context", type=int, help="largest total context per episode")
+
+
+def fleet_overrides(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
+    """Config overrides (dotted keys) from `add_fleet_flags`; `prefix` places them under a
+    table (e.g. `rollout.`)."""
+    keys = {
+        "model": args.model,
+        "policy": args.policy,
+        "sampling.temperature": args.temperature,
+        "sampling.max_tokens": args.max_tokens,
+        "limits.max_turns": args.max_turns,
+        "limits.max_context": args.max_context,
+    }
+    return {prefix + k: v for k, v in keys.items()}
+
+
+def apply_bucket_flags(cfg: Any, args: argparse.Namespace) -> None:
+    """Merge `--endpoint` / `--bucket` / `--launch` into `cfg.buckets`."""
+    from libra.endpoints.config import BucketConfig
+    from libra.rollout.fleet import merge_bucket_flags
+
+    endpoints = parse_pairs(args.endpoint, "--endpoint", "BUCKET=URL")
+    bucket_flags = parse_pairs(args.bucket, "--bucket", "NAME=TP:BOUND")
+    if endpoints or bucket_flags:
+        cfg.buckets = merge_bucket_flags(cfg.buckets, endpoints, bucket_flags)
+    if args.launch is not None:
+        if not cfg.buckets:
+            cfg.buckets = [BucketConfig(name="tp1", tp=1)]
+        for b in cfg.buckets:
+            b.launch = args.launch

@@ -6,7 +6,13 @@ import argparse
 import logging
 import sys
 
-from libra.cli.common import add_json_flag, parse_pairs, print_json
+from libra.cli.common import (
+    add_fleet_flags,
+    add_json_flag,
+    apply_bucket_flags,
+    fleet_overrides,
+    print_json,
+)
 
 EPILOG = """\
 examples:
@@ -32,7 +38,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", nargs="?", help="TOML config (flags override its keys)")
-    p.add_argument("--model", help="model folder (default: the tiny default model)")
     p.add_argument(
         "--env",
         help="env id (`libra envs`), file.py:Class / package.module:Class, or an agent "
@@ -44,18 +49,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--concurrency", type=int, help="episodes in flight")
     p.add_argument("--out", help="JSONL file the records are appended to")
     p.add_argument("--batch-id", help="batch id stamped on records")
-    p.add_argument("--policy", help="routing policy (static, cmlfq, mlfq, predictor)")
-    p.add_argument(
-        "--endpoint", action="append", metavar="BUCKET=URL", help="add an endpoint (repeatable)"
-    )
-    p.add_argument(
-        "--bucket", action="append", metavar="NAME=TP:BOUND", help="declare a bucket (repeatable)"
-    )
-    p.add_argument("--launch", type=int, metavar="N", help="embedded engines to start per bucket")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--max-tokens", type=int, help="tokens per model turn")
-    p.add_argument("--max-turns", type=int, help="override the env's max_turns")
-    p.add_argument("--max-context", type=int, help="largest total context per episode")
+    add_fleet_flags(p)
     p.add_argument("--seed", type=int, help="sampling seed (per episode: seed + index)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     add_json_flag(p)
@@ -65,12 +59,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     from libra import config as cfgmod
     from libra.rollout.config import RolloutConfig
-    from libra.rollout.fleet import merge_bucket_flags
     from libra.rollout.run import rollout, run_sync
 
     logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
     overrides = {
-        "model": args.model,
         "env": args.env,
         "tasks": args.tasks,
         "num_tasks": args.num_tasks,
@@ -78,25 +70,11 @@ def run(args: argparse.Namespace) -> int:
         "concurrency": args.concurrency,
         "out": args.out,
         "batch_id": args.batch_id,
-        "policy": args.policy,
-        "sampling.temperature": args.temperature,
-        "sampling.max_tokens": args.max_tokens,
         "sampling.seed": args.seed,
-        "limits.max_turns": args.max_turns,
-        "limits.max_context": args.max_context,
+        **fleet_overrides(args),
     }
     cfg = cfgmod.load(RolloutConfig, args.config, overrides)
-    endpoints = parse_pairs(args.endpoint, "--endpoint", "BUCKET=URL")
-    bucket_flags = parse_pairs(args.bucket, "--bucket", "NAME=TP:BOUND")
-    if endpoints or bucket_flags:
-        cfg.buckets = merge_bucket_flags(cfg.buckets, endpoints, bucket_flags)
-    if args.launch is not None:
-        from libra.endpoints.config import BucketConfig
-
-        if not cfg.buckets:
-            cfg.buckets = [BucketConfig(name="tp1", tp=1)]
-        for b in cfg.buckets:
-            b.launch = args.launch
+    apply_bucket_flags(cfg, args)
     summary = run_sync(rollout(cfg, progress=not args.quiet))
     if args.json:
         print_json(summary)

@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from libra.cli.common import parse_pairs
+from libra.cli.common import add_fleet_flags, apply_bucket_flags, fleet_overrides
 
 EPILOG = """\
 examples:
@@ -34,7 +34,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--host", help="address to bind (default 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, help="TCP port (default 8700; 0 = any free port)")
     p.add_argument("--token", help="bearer token for every call but /healthz (or $LIBRA_TOKEN)")
-    p.add_argument("--model", help="model folder (default: the tiny default model)")
     p.add_argument(
         "--env",
         action="append",
@@ -43,20 +42,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         "registered env)",
     )
     p.add_argument("--concurrency", type=int, help="episodes in flight across all batches")
-    p.add_argument("--policy", help="routing policy (static, cmlfq, mlfq, predictor)")
-    p.add_argument(
-        "--endpoint", action="append", metavar="BUCKET=URL", help="add an endpoint (repeatable)"
-    )
-    p.add_argument(
-        "--bucket", action="append", metavar="NAME=TP:BOUND", help="declare a bucket (repeatable)"
-    )
-    p.add_argument("--launch", type=int, metavar="N", help="embedded engines to start per bucket")
+    add_fleet_flags(p)
     p.add_argument("--endpoint-kind", choices=["auto", "embedded", "vllm"],
                    help="how POST /v1/weights loads checkpoints (default auto)")  # fmt: skip
-    p.add_argument("--temperature", type=float, help="default sampling temperature")
-    p.add_argument("--max-tokens", type=int, help="default tokens per model turn")
-    p.add_argument("--max-turns", type=int, help="override every env's max_turns")
-    p.add_argument("--max-context", type=int, help="largest total context per episode")
     p.add_argument("--spool", metavar="DIR", help="spool folder (default runs/spool)")
     p.add_argument("--fsync", choices=["always", "interval", "never"],
                    help="spool fsync policy (default always; see docs/service.md)")  # fmt: skip
@@ -67,7 +55,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 def run(args: argparse.Namespace) -> int:
     from libra import config as cfgmod
-    from libra.rollout.fleet import merge_bucket_flags
     from libra.rollout.run import run_sync
     from libra.service.config import EnvEntry, ServiceConfig
     from libra.service.server import announce, serve, token_from_env
@@ -76,17 +63,12 @@ def run(args: argparse.Namespace) -> int:
     overrides = {
         "host": args.host,
         "port": args.port,
-        "model": args.model,
         "concurrency": args.concurrency,
-        "policy": args.policy,
         "endpoint_kind": args.endpoint_kind,
-        "sampling.temperature": args.temperature,
-        "sampling.max_tokens": args.max_tokens,
-        "limits.max_turns": args.max_turns,
-        "limits.max_context": args.max_context,
         "spool.dir": args.spool,
         "spool.fsync": args.fsync,
         "spool.on_restart": args.on_restart,
+        **fleet_overrides(args),
     }
     cfg = cfgmod.load(ServiceConfig, args.config, overrides)
     cfg.token = token_from_env(args.token or cfg.token)
@@ -96,16 +78,6 @@ def run(args: argparse.Namespace) -> int:
             name, sep, spec = item.partition("=")
             entries.append(EnvEntry(spec=spec, name=name) if sep else EnvEntry(spec=item))
         cfg.envs = [*cfg.envs, *entries]
-    endpoints = parse_pairs(args.endpoint, "--endpoint", "BUCKET=URL")
-    bucket_flags = parse_pairs(args.bucket, "--bucket", "NAME=TP:BOUND")
-    if endpoints or bucket_flags:
-        cfg.buckets = merge_bucket_flags(cfg.buckets, endpoints, bucket_flags)
-    if args.launch is not None:
-        from libra.endpoints.config import BucketConfig
-
-        if not cfg.buckets:
-            cfg.buckets = [BucketConfig(name="tp1", tp=1)]
-        for b in cfg.buckets:
-            b.launch = args.launch
+    apply_bucket_flags(cfg, args)
     run_sync(serve(cfg, ready=announce))
     return 0

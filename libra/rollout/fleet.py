@@ -8,11 +8,18 @@ space (`libra.routing.default_bounds`).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-from libra.endpoints.config import BucketConfig
-from libra.errors import ConfigError
+from libra.chat import ChatTokenizer
+from libra.endpoints.config import BucketConfig, EndpointConfig
+from libra.endpoints.launch import Launched
+from libra.endpoints.pool import EndpointPool
+from libra.errors import ConfigError, ModelError
 from libra.routing.base import Bucket, default_bounds
 
 _TP_NAME = re.compile(r"^tp(\d+)$")
@@ -79,4 +86,79 @@ def resolve_buckets(buckets: Sequence[BucketConfig], max_context: int) -> list[B
     return out
 
 
-__all__ = ["merge_bucket_flags", "resolve_buckets"]
+@dataclass(slots=True)
+class Fleet:
+    """What a job serves: the model folder, its tokenizer, the context limit and the
+    buckets (with the endpoints and embedded engines each one asks for)."""
+
+    model_dir: Path
+    tokenizer: ChatTokenizer
+    max_context: int
+    configs: list[BucketConfig]
+    buckets: list[Bucket]
+
+    @property
+    def configured_urls(self) -> list[str]:
+        return [u for b in self.configs for u in b.endpoints]
+
+
+def resolve_model(model: str | None) -> Path:
+    """The model folder: the given path, or the default tiny model (made on first use)."""
+    if model is not None:
+        path = Path(model)
+        if not path.is_dir():
+            raise ModelError(f"model folder {model!r} does not exist")
+        return path
+    from libra.engine.model_maker import ensure_default_model
+
+    return ensure_default_model()
+
+
+def model_context(model_dir: Path) -> int | None:
+    cfg = model_dir / "config.json"
+    if not cfg.is_file():
+        return None
+    value = json.loads(cfg.read_text()).get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+def resolve_fleet(
+    model: str | None, max_context: int | None, buckets: Sequence[BucketConfig]
+) -> Fleet:
+    """Model folder, tokenizer, context limit and buckets; without buckets, one bucket
+    `tp1` served by one embedded engine started for the job."""
+    model_dir = resolve_model(model)
+    tokenizer = ChatTokenizer(model_dir)
+    context = max_context or model_context(model_dir)
+    if context is None:
+        raise ConfigError(
+            f"{model_dir}/config.json has no max_position_embeddings; set limits.max_context"
+        )
+    configs = list(buckets) or [BucketConfig(name="tp1", tp=1, launch=1)]
+    return Fleet(model_dir, tokenizer, context, configs, resolve_buckets(configs, context))
+
+
+@contextlib.asynccontextmanager
+async def open_pool(fleet: Fleet, config: EndpointConfig) -> AsyncIterator[EndpointPool]:
+    """Start the embedded engines the buckets ask for (`launch`), then the endpoint pool
+    over them and the configured URLs; both stop when the block ends."""
+    urls = {b.name: list(b.endpoints) for b in fleet.configs}
+    launch = {b.name: b.launch for b in fleet.configs}
+    async with contextlib.AsyncExitStack() as stack:
+        if any(launch.values()):
+            started = await stack.enter_async_context(Launched(fleet.model_dir, launch))
+            for name, extra in started.items():
+                urls[name] += extra
+        pool = EndpointPool([(b, urls[b.name]) for b in fleet.buckets], config)
+        yield await stack.enter_async_context(pool)
+
+
+__all__ = [
+    "Fleet",
+    "merge_bucket_flags",
+    "model_context",
+    "open_pool",
+    "resolve_buckets",
+    "resolve_fleet",
+    "resolve_model",
+]

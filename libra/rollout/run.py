@@ -7,47 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from libra import registry
-from libra.chat import ChatTokenizer
-from libra.endpoints.launch import Launched
-from libra.endpoints.pool import EndpointPool
 from libra.env import Env
-from libra.errors import ConfigError, ModelError
+from libra.errors import ConfigError
 from libra.proxy.agent import AgentEnv, as_agent
 from libra.record import Trajectory
 from libra.rollout.batch import Runner, run_episodes
 from libra.rollout.config import RolloutConfig
 from libra.rollout.episode import EpisodeRunner
-from libra.rollout.fleet import resolve_buckets
+from libra.rollout.fleet import open_pool, resolve_fleet, resolve_model
 from libra.rollout.sink import JsonlSink, Progress, Stats
 from libra.rollout.tasks import episode_specs, load_tasks
 from libra.routing.base import Bucket, RoutingPolicy
-
-
-def resolve_model(model: str | None) -> Path:
-    """The model folder: the given path, or the default tiny model (made on first use)."""
-    if model is not None:
-        path = Path(model)
-        if not path.is_dir():
-            raise ModelError(f"model folder {model!r} does not exist")
-        return path
-    from libra.engine.model_maker import ensure_default_model
-
-    return ensure_default_model()
-
-
-def model_context(model_dir: Path) -> int | None:
-    cfg = model_dir / "config.json"
-    if not cfg.is_file():
-        return None
-    value = json.loads(cfg.read_text()).get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else None
 
 
 def load_env(spec: str, options: dict[str, Any]) -> Env:
@@ -111,26 +86,16 @@ async def rollout(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run one batch as configured; return the summary (also what `--json` prints)."""
-    model_dir = resolve_model(config.model)
-    tokenizer = ChatTokenizer(model_dir)
-    max_context = config.limits.max_context or model_context(model_dir)
-    if max_context is None:
-        raise ConfigError(
-            f"{model_dir}/config.json has no max_position_embeddings; set limits.max_context"
-        )
+    fleet = resolve_fleet(config.model, config.limits.max_context, config.buckets)
     env = load_env(config.env, config.env_options)
     if tasks is None:
         tasks_path = config.tasks or env.default_tasks()
         if tasks_path is None:
             raise ConfigError(f"env {config.env!r} ships no tasks; pass --tasks FILE")
         tasks = load_tasks(tasks_path, config.num_tasks)
-    bucket_cfgs = list(config.buckets) or [_default_bucket()]
-    buckets = resolve_buckets(bucket_cfgs, max_context)
-    launch = {b.name: b.launch for b in bucket_cfgs}
-    urls = {b.name: list(b.endpoints) for b in bucket_cfgs}
     batch_id = config.batch_id or uuid.uuid4().hex[:12]
     specs = list(episode_specs(tasks, config.group_size, batch_id, config.step))
-    policy = make_policy(config.policy, buckets, config.routing)
+    policy = make_policy(config.policy, fleet.buckets, config.routing)
     stats = Stats(len(specs))
     sink = JsonlSink(config.out)
     bar = Progress(stats) if progress else None
@@ -146,22 +111,17 @@ async def rollout(
     try:
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(env.close)  # runs last: after engines and pool stop
-            if any(launch.values()):
-                started = await stack.enter_async_context(Launched(model_dir, launch))
-                for name, extra in started.items():
-                    urls[name] += extra
-            pool = EndpointPool([(b, urls[b.name]) for b in buckets], config.endpoint)
-            await stack.enter_async_context(pool)
+            pool = await stack.enter_async_context(open_pool(fleet, config.endpoint))
             runner = await stack.enter_async_context(
                 episode_runner(
                     env,
                     env_name=config.env,
-                    tokenizer=tokenizer,
+                    tokenizer=fleet.tokenizer,
                     pool=pool,
                     policy=policy,
                     sampling=config.sampling,
                     limits=config.limits,
-                    max_context=max_context,
+                    max_context=fleet.max_context,
                 )
             )
             stats.t0 = stats.clock()
@@ -172,12 +132,6 @@ async def rollout(
     summary = stats.summary()
     summary.update(batch_id=batch_id, out=str(config.out), env=config.env, policy=config.policy)
     return summary
-
-
-def _default_bucket() -> Any:
-    from libra.endpoints.config import BucketConfig
-
-    return BucketConfig(name="tp1", tp=1, launch=1)
 
 
 def run_sync(coro: Any) -> Any:

@@ -22,13 +22,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from libra.chat import ChatTokenizer
-from libra.endpoints.config import BucketConfig
-from libra.endpoints.launch import Launched
-from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError
-from libra.rollout.fleet import resolve_buckets
-from libra.rollout.run import model_context, resolve_model
+from libra.rollout.fleet import open_pool, resolve_fleet
 from libra.service.app import build_app
 from libra.service.config import ServiceConfig
 from libra.service.envs import EnvHost
@@ -94,34 +89,23 @@ async def _serve(
     ready: Callable[[str], None] | None,
     stop: asyncio.Event | None,
 ) -> None:
-    model_dir = resolve_model(config.model)
-    tokenizer = ChatTokenizer(model_dir)
-    max_context = config.limits.max_context or model_context(model_dir)
-    if max_context is None:
-        raise ConfigError(
-            f"{model_dir}/config.json has no max_position_embeddings; set limits.max_context"
-        )
-    bucket_cfgs = list(config.buckets) or [BucketConfig(name="tp1", tp=1, launch=1)]
-    buckets = resolve_buckets(bucket_cfgs, max_context)
-    envs = EnvHost(config.envs, buckets, config.policy, config.routing)
-    urls = {b.name: list(b.endpoints) for b in bucket_cfgs}
-    launch = {b.name: b.launch for b in bucket_cfgs}
+    fleet = resolve_fleet(config.model, config.limits.max_context, config.buckets)
+    envs = EnvHost(config.envs, fleet.buckets, config.policy, config.routing)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
-        if any(launch.values()):
-            started = await stack.enter_async_context(Launched(model_dir, launch))
-            for name, extra in started.items():
-                urls[name] += extra
-        pool = EndpointPool([(b, urls[b.name]) for b in buckets], config.endpoint)
-        await stack.enter_async_context(pool)
+        pool = await stack.enter_async_context(open_pool(fleet, config.endpoint))
         manager = BatchManager(
-            config=config, pool=pool, tokenizer=tokenizer, max_context=max_context, envs=envs
+            config=config,
+            pool=pool,
+            tokenizer=fleet.tokenizer,
+            max_context=fleet.max_context,
+            envs=envs,
         )
-        manager.recover(kept_urls=[u for b in bucket_cfgs for u in b.endpoints])
+        manager.recover(kept_urls=fleet.configured_urls)
         # Short shutdown timeout: open streams wait on the spool and would hold a stop up.
         app = build_app(manager, pool, config)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
