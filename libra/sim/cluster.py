@@ -33,7 +33,8 @@ from libra.sim.trainer import Trainer
 
 
 class Simulation:
-    def __init__(self, spec: SystemSpec, env: Env):
+    def __init__(self, spec: SystemSpec, env: Env, layout: Layout | None = None):
+        """`layout`: start from this layout instead of the one the system chooses."""
         self.spec, self.env, cfg = spec, env, env.cfg
         self.steps = cfg.steps
         self.loop = Loop()
@@ -43,7 +44,7 @@ class Simulation:
         }
         self.fleet = Fleet(self.loop, costs, settings.rollout.max_num_seqs, self._episode_done)
         self.controller = make_controller(spec, self)
-        layout = self.controller.initial_layout()
+        layout = layout or self.controller.initial_layout()
         self.layout = layout
         self.initial_layout = layout
         self.trainer = Trainer(

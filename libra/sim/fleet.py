@@ -121,7 +121,7 @@ class Fleet:
     def add(self, tp: int, ready_at: float) -> Instance:
         """A new instance of TP `tp`, serving from `ready_at` (engine start)."""
         self._n += 1
-        inst = Instance(self._n, self.costs[tp], self.max_seqs, self._schedule, self._seg_done)
+        inst = Instance(self._n, self.costs[tp], self.max_seqs, self.loop.at, self._seg_done)
         self.instances.append(inst)
         self.loop.at(ready_at, self._ready, inst)
         return inst
@@ -234,9 +234,6 @@ class Fleet:
         run.seg = run.left if bi >= self._last else min(run.left, self._bounds[bi] - run.ctx)
         run.inst = inst
         inst.submit(run, now)
-
-    def _schedule(self, t: float, inst: Instance, version: int) -> None:
-        self.loop.at(t, inst.complete, t, version)
 
     def _seg_done(self, inst: Instance, run: Run, now: float) -> None:
         run.ctx += run.seg

@@ -39,6 +39,7 @@ class Instance:
         "_heap",
         "_target",
         "active",
+        "at",
         "bucket",
         "busy_s",
         "cost",
@@ -52,7 +53,6 @@ class Instance:
         "queue",
         "resume",
         "role",
-        "schedule",
         "t_ref",
         "tp",
         "version",
@@ -63,12 +63,13 @@ class Instance:
         iid: int,
         cost: InstanceCost,
         max_seqs: int,
-        schedule: Callable[[float, Instance, int], None],
+        at: Callable[..., None],
         done: Callable[[Instance, Any, float], None],
     ):
         self.iid, self.tp, self.cost = iid, cost.tp, cost
         self.kv_cap, self.max_seqs = cost.kv_capacity, max_seqs
-        self.schedule, self.done = schedule, done
+        self.at, self.done = at, done
+        """`at(t, fn, *args)`: the event loop's scheduler."""
         self.role = "starting"
         """`starting` (engine launching), `live`, `lent` (a hybrid worker training),
         `gone`."""
@@ -100,10 +101,12 @@ class Instance:
 
     def _top(self) -> float:
         """The next finish mark (dropping marks of preempted sequences)."""
-        heap = self._heap
-        while id(heap[0][2]) not in self.active or heap[0][2].d_end != heap[0][0]:
+        heap, active = self._heap, self.active
+        mark, key, seq = heap[0]
+        while key not in active or seq.d_end != mark:
             heapq.heappop(heap)
-        return heap[0][0]
+            mark, key, seq = heap[0]
+        return mark
 
     def advance(self, now: float) -> None:
         """Bring `decoded` to time `now` (no sequence finishes before it)."""
@@ -131,7 +134,7 @@ class Instance:
         self.queue.append(seq)
         if len(self.queue) == 1:
             self.advance(now)
-            if self._preempt() | self._admit(now):
+            if self._admit(now):
                 self._reschedule(now)
 
     def _admit(self, now: float) -> bool:
@@ -191,7 +194,8 @@ class Instance:
         self._target = self.decoded + n
         step = self.cost.step_time(b, k + b * max(n - 1.0, 0.0) / 2.0)
         start = self.resume if self.resume > now else now
-        self.schedule(start + n * step, self, self.version)
+        t = start + n * step
+        self.at(t, self.complete, t, self.version)
 
     def complete(self, now: float, version: int) -> None:
         """The scheduled event (ignored when the batch changed since): sequences that
@@ -214,8 +218,11 @@ class Instance:
         self.version += 1
         for seq in finished:
             self.done(self, seq, now)
-        self._preempt()
-        self._admit(now)
+        b = len(self.active)
+        if b > 1 and self.kv_base + b * self.decoded > self.kv_cap - 0.5:
+            self._preempt()
+        if self.queue:
+            self._admit(now)
         self._reschedule(now)
 
     def evict_queue(self) -> list[Any]:

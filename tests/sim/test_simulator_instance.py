@@ -49,7 +49,7 @@ def harness(tp: int = 4, max_seqs: int = 256, kv_cap: int | None = None):
         seq.generated += seq.seg
         finished[seq.name] = (now, seq.generated)
 
-    inst = Instance(1, cost, max_seqs, lambda t, i, v: loop.at(t, i.complete, t, v), done)
+    inst = Instance(1, cost, max_seqs, loop.at, done)
     inst.role = "live"
     return loop, inst, cost, finished
 
