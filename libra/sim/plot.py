@@ -8,6 +8,18 @@ from typing import Any
 
 from libra.errors import ConfigError
 
+SMOOTH = 5
+"""Steps per moving-average window of the per-step throughput (asynchronous pipelines
+alternate long and short steps)."""
+
+
+def _smooth(xs: list[float]) -> list[float]:
+    out = []
+    for i in range(len(xs)):
+        win = xs[max(0, i - SMOOTH + 1) : i + 1]
+        out.append(sum(win) / len(win))
+    return out
+
 
 def _pyplot() -> Any:
     try:
@@ -36,9 +48,9 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(9, 5))
     for r in systems:
         steps = [p["step"] for p in r["per_step"]]
-        ax.plot(steps, [p["throughput"] for p in r["per_step"]], label=r["system"], lw=1.2)
+        ax.plot(steps, _smooth([p["throughput"] for p in r["per_step"]]), label=r["system"], lw=1.2)
     ax.set_xlabel("training step")
-    ax.set_ylabel("generated tokens / s (step's tokens / step's duration)")
+    ax.set_ylabel(f"generated token/s per step ({SMOOTH}-step moving average)")
     ax.set_title(f"Throughput per step: {title}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)

@@ -11,7 +11,7 @@ import gc
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,8 @@ def simulate(
     say = progress or (lambda msg: None)
     c0, w0 = time.process_time(), time.perf_counter()
     env = build_env(cfg)
+    for step in range(cfg.steps):  # once here, not once per system (workers fork after)
+        env.stats(step)
     setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
     say(f"workload {env.workload.name}: {cfg.steps} steps ready ({setup['wall_s']:.1f} s)")
     results: list[dict[str, Any]] = []
@@ -95,10 +97,14 @@ def simulate(
                 say(_line(results[-1]))
         else:
             _SHARED["env"] = env
+            # Longest first (C-MLFQ's learning dominates; then replanning), so the
+            # workers finish together.
+            order = sorted(systems, key=lambda s: (s.routing != "cmlfq", not s.replan))
             with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
-                for r in pool.map(_worker, systems):
-                    results.append(r)
-                    say(_line(r))
+                futures = {s.name: pool.submit(_worker, s) for s in order}
+                for fut in as_completed(futures.values()):
+                    say(_line(fut.result()))
+                results = [futures[s.name].result() for s in systems]
     finally:
         _SHARED.clear()
         if was_enabled:
