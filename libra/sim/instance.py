@@ -10,7 +10,8 @@ which grows linearly with K as the batch's contexts grow (evaluated at the inter
 midpoint: exact while the step stays on one side of its memory/compute roofline).
 
 As vLLM's scheduler does: waiting sequences are admitted first come, first served while
-the batch has fewer than `max_num_seqs` and the KV cache holds the newcomer's context;
+the batch has fewer than `max_num_seqs` and the KV cache holds the newcomer's context
+(keeping a 1% watermark free);
 when the running sequences' growth overflows the cache, the most recently admitted ones
 are preempted (recompute mode: they keep what they generated, go back to the front of
 the queue and prefill their whole context again when readmitted). Prefill is chunked
