@@ -50,6 +50,9 @@ class Endpoint:
     """Served model name from `/v1/models` (vLLM answers 404 to any other name)."""
     served: int = 0
     failures: int = 0
+    admitting: bool = True
+    """False while the endpoint is paused (a weight update) or being retired: no new
+    calls go to it; calls already sent finish."""
 
 
 @dataclass(eq=False, slots=True)
@@ -149,6 +152,56 @@ class EndpointPool:
             if wanted is None or e.url in wanted:
                 e.version = version
 
+    # --- membership (libra train: engines come and go, weights change) ---------------
+    async def add_endpoint(self, bucket: str, url: str, version: int = 0) -> Endpoint:
+        """Register a running server in `bucket` (serving weights `version`); calls may
+        go to it at once. Raises EndpointDown when it does not answer."""
+        state = self._buckets[bucket]
+        ep = Endpoint(url.rstrip("/"), bucket, self.config.max_inflight, version=version)
+        why = await self._probe_one(ep)
+        if why is not None:
+            raise EndpointDown(f"{ep.url} cannot join bucket {bucket!r}: {why}", url=ep.url)
+        async with state.cond:
+            state.endpoints.append(ep)
+            state.cond.notify_all()
+        return ep
+
+    def find(self, url: str) -> Endpoint:
+        url = url.rstrip("/")
+        for e in self.endpoints():
+            if e.url == url:
+                return e
+        raise KeyError(url)
+
+    async def set_admitting(self, url: str, admitting: bool) -> Endpoint:
+        """Pause (False) or resume (True) new calls to `url`; waiters wake on resume."""
+        ep = self.find(url)
+        state = self._buckets[ep.bucket]
+        async with state.cond:
+            ep.admitting = admitting
+            state.cond.notify_all()
+        return ep
+
+    async def drain(self, url: str, timeout_s: float, poll_s: float = 0.05) -> int:
+        """Stop new calls to `url` and wait (at most `timeout_s`) for its calls in flight
+        to finish; returns how many were still running."""
+        ep = await self.set_admitting(url, False)
+        deadline = self.clock() + timeout_s
+        # polled: a release wakes one caller waiting for a slot (`notify`), not us
+        while ep.inflight and self.clock() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(poll_s)
+        return ep.inflight
+
+    async def remove_endpoint(self, url: str) -> None:
+        """Forget `url` (drain it first). A call still running on it that then fails is
+        retried on a sibling like any failover."""
+        ep = self.find(url)
+        state = self._buckets[ep.bucket]
+        async with state.cond:
+            ep.admitting = False
+            state.endpoints.remove(ep)
+            state.cond.notify_all()
+
     # --- health ---------------------------------------------------------------------
     async def _probe_one(self, ep: Endpoint) -> str | None:
         """None when healthy, else the reason."""
@@ -242,6 +295,7 @@ class EndpointPool:
                 for e in state.endpoints:
                     if (
                         e.healthy
+                        and e.admitting
                         and e.inflight < e.max_inflight
                         and (best is None or e.inflight < best.inflight)
                     ):
