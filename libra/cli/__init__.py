@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "serve-engine": "libra.cli.serve_engine",
     "plan": "libra.cli.plan",
     "simulate": "libra.cli.simulate",
+    "train": "libra.cli.train",
 }
 
 

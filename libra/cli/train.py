@@ -1,0 +1,111 @@
+"""`libra train CONFIG`: planner-controlled agentic RL on the configured fleet."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from libra.cli.common import add_json_flag, print_json
+
+EPILOG = """\
+examples:
+  libra train examples/cpu-train.toml                     # the CPU default, end to end
+  libra train examples/cpu-train.toml --seed 1 --out runs/seed1
+  libra train examples/cpu-train.toml                     # again after Ctrl-C: resumes
+  libra train examples/search-r1-gpu48.toml --dry-run     # validate + show the plan
+
+The run folder (`out`) gets metrics.jsonl, decisions.jsonl, events.jsonl, plots/*.png,
+checkpoint/ (serve it: libra serve-engine --model OUT/checkpoint) and summary.json.
+An existing run there is resumed from its last checkpoint; --fresh starts over.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name,
+        help="the main job: planner-controlled agentic RL (GRPO) on the configured fleet",
+        description=(
+            "Warm-start the model on expert demonstrations, then run asynchronous GRPO "
+            "with bounded staleness (enforced when an episode is admitted), dynamic "
+            "sampling and periodic validation, publishing weights to the inference engines "
+            "after every step, while the planner moves hybrid workers between rollout and "
+            "training. Every key of CONFIG is documented in libra/train/config.py."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", help="TOML config (examples/cpu-train.toml on a CPU machine)")
+    p.add_argument("--out", help="run folder (overrides `out`)")
+    p.add_argument("--seed", type=int, help="seed (overrides `seed`)")
+    p.add_argument("--steps", type=int, help="GRPO steps (overrides `steps`)")
+    p.add_argument("--display", choices=("auto", "live", "lines", "off"), help="progress display")
+    p.add_argument("--fresh", action="store_true", help="delete a run in `out` and start over")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the config and print the fleet and the planner's first plan; start nothing",
+    )
+    add_json_flag(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    # transformers' "Loading weights" bars (this process and the trainer's) would tear
+    # the live display; set before transformers is imported anywhere.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from libra.train import load_config
+
+    logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
+    overrides = {
+        "out": args.out,
+        "seed": args.seed,
+        "steps": args.steps,
+        "report.display": args.display,
+    }
+    cfg = load_config(args.config, overrides)
+    if args.dry_run:
+        from libra.train.dryrun import describe, render
+
+        doc = describe(cfg)
+        print_json(doc) if args.json else print(render(doc))
+        return 0
+    if args.json and cfg.report.display == "auto":
+        cfg.report.display = "lines"
+    from libra.train.run import run_cli
+
+    summary, code = run_cli(cfg, fresh=args.fresh)
+    if args.json:
+        print_json(summary)
+    else:
+        print(_render(summary))
+    return code
+
+
+def _render(s: dict) -> str:
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    lines = [
+        f"{s['outcome']}: {s['steps']} steps in {s['wall_s'] / 60:.1f} min "
+        f"(CPU {s['cpu_s'] / 60:.1f} min) -> {s['out']}",
+        f"  reward: first 20% of steps {f(s['reward_first_20pct'])}, "
+        f"last 20% {f(s['reward_last_20pct'])}; held-out validation {f(s['val_first'])} -> "
+        f"{f(s['val_last'])}",
+        f"  role switches {s['switches']}; planner decisions {s['decisions']}, applied "
+        f"{len(s['applied_decisions'])}",
+    ]
+    for d in s["applied_decisions"]:
+        lines.append(
+            f"    step {d['step']}: predicted gain {d['predicted_gain_s']:,.1f} s > "
+            f"cost {d['reconfig_cost_s']:,.1f} s ({d['trigger']})"
+        )
+    if s["checkpoint"]:
+        lines.append(
+            f"  checkpoint: {s['checkpoint']} (libra serve-engine --model {s['checkpoint']})"
+        )
+    if s["plots"]:
+        lines.append(f"  plots: {', '.join(s['plots'])}")
+    return "\n".join(lines)

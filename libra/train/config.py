@@ -1,0 +1,271 @@
+"""`libra train` configuration: one TOML file; every field is documented here.
+
+    out = "runs/cpu-train"
+    steps = 40
+    [model]        which model (a folder, or a tiny one made for the run)
+    [data]         env, training and held-out task files
+    [rollout]      groups, staleness, sampling, routing, limits
+    [sft]          supervised warm start on generated demonstrations
+    [validation]   periodic held-out evaluation
+    [trainer]      the elastic GRPO trainer (`libra.trainer.TrainerConfig`, less `model`)
+    [fleet]        workers and their roles: core rollout, core training, hybrids
+    [planner]      hardware profile and the replan policy
+    [report]       display, plots, TensorBoard, checkpoints
+
+A bad value fails at load with its path: `examples/x.toml: rollout.group_size: Input
+should be greater than or equal to 2 (got 1)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from libra.config import Config
+from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
+from libra.planner.replan import ReplanConfig
+from libra.planner.settings import PlannerSettings
+from libra.rollout.config import LimitsConfig
+from libra.trainer.config import (
+    ElasticConfig,
+    GRPOConfig,
+    OptimConfig,
+)
+
+
+class ModelSection(Config):
+    """The policy's starting weights."""
+
+    path: str | None = None
+    """An HF model folder (config.json, *.safetensors, tokenizer, chat template). None:
+    a tiny Qwen2 of the sizes below is made for the run (`libra make-model`, seeded)."""
+    profile: str | None = None
+    """Planner model profile (`qwen3-14b`, ...) when `path` is not on this machine
+    (GPU configs planned with `--dry-run`). Default: the folder's config.json."""
+    hidden_size: int = Field(128, ge=16)
+    """Width of the made model (with `path` unset)."""
+    intermediate_size: int = Field(256, ge=16)
+    """SwiGLU width of the made model."""
+    num_hidden_layers: int = Field(2, ge=1)
+    """Blocks of the made model."""
+    num_attention_heads: int = Field(2, ge=1)
+    """Query heads of the made model."""
+    num_key_value_heads: int = Field(2, ge=1)
+    """KV heads of the made model."""
+    max_position_embeddings: int = Field(1024, ge=64)
+    """Context of the made model."""
+
+
+class DataSection(Config):
+    """What the policy is trained and validated on."""
+
+    env: str = "arith"
+    """Registered env id (`libra envs`) or `file.py:Class`."""
+    env_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the env's constructor."""
+    train: str | None = None
+    """Training tasks (.jsonl / .parquet). Default: the env's shipped task file."""
+    val: str | None = None
+    """Held-out tasks for validation. Tasks that also appear in `train` (same id) are
+    removed from it. None: no validation."""
+
+
+class DynamicSampling(Config):
+    """DAPO's dynamic sampling: groups whose rewards are all equal carry no advantage."""
+
+    enabled: bool = True
+    """Drop such groups and admit a replacement in their slot."""
+    max_replacements: int = Field(32, ge=0)
+    """Dropped groups per step at most; after that the step keeps what comes, so a
+    policy that solves (or fails) everything still steps."""
+
+
+class RolloutSection(Config):
+    """Episodes: how many, how stale, how sampled, how routed."""
+
+    group_size: int = Field(8, ge=2)
+    """Samples per task (GRPO's G)."""
+    batch_groups: int = Field(8, ge=1)
+    """Groups per training step."""
+    max_staleness: int = Field(1, ge=0)
+    """A group is started only if it will be trained at most this many policy versions
+    after the version it starts on (0: synchronous, on-policy)."""
+    concurrency: int = Field(64, ge=1)
+    """Training episodes in flight at once (validation episodes come on top)."""
+    policy: str = "cmlfq"
+    """Routing policy: `cmlfq`, `mlfq`, `predictor` or `static`."""
+    routing: dict[str, Any] = Field(default_factory=dict)
+    """Options of the routing policy (`libra.routing.RoutingConfig`)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+
+
+class SFTSection(Config):
+    """The supervised warm start on expert demonstrations (`libra.train.demos`)."""
+
+    steps: int = Field(300, ge=0)
+    """Optimizer steps (0: no warm start)."""
+    batch: int = Field(16, ge=1)
+    """Demonstrations per step."""
+    lr: float = Field(3e-3, gt=0)
+    """Peak learning rate (AdamW, linear warm-up over 20 steps)."""
+    target: float | None = Field(0.3, gt=0, le=1)
+    """Stop early once the held-out demonstrations' mean sequence probability at
+    temperature 1 reaches this (None: run all `steps`)."""
+    demos: int = Field(1024, ge=1)
+    """Demonstrations generated from the training tasks (sampled with replacement)."""
+    expert: str | None = None
+    """`module:function` playing the expert; None: the env's built-in expert."""
+
+
+class ValidationSection(Config):
+    """Held-out evaluation while training (needs `data.val`)."""
+
+    every: int = Field(5, ge=1)
+    """Validate policy versions 0, every, 2*every, ... and the last one."""
+    tasks: int = Field(64, ge=1)
+    """Held-out tasks per validation (the first N of `data.val`)."""
+    temperature: float = Field(0.0, ge=0)
+    """Sampling temperature of validation episodes (0: greedy)."""
+
+
+class TrainerSection(Config):
+    """The elastic GRPO trainer (`libra.trainer.TrainerConfig`; the model and the weight
+    publishing are the run's)."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of forward/backward."""
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    elastic: ElasticConfig = Field(default_factory=ElasticConfig)
+    keep_versions: int = Field(3, ge=1)
+    """Published weight folders kept on disk."""
+
+
+class FleetSection(Config):
+    """Workers and roles. A *device* is one worker: an inference engine or a training
+    replica (on CPU a process; on GPUs a GPU)."""
+
+    kind: Literal["embedded", "vllm"] = "embedded"
+    """`embedded`: `libra serve-engine` processes on this machine (CPU). `vllm`: vLLM
+    instances on GPUs (planned with `--dry-run`; see docs/train.md)."""
+    devices: int | None = Field(None, ge=2)
+    """Devices in the fleet (GPU configs: the GPUs). Default (embedded):
+    core_rollout + core_train + hybrids."""
+    core_rollout: int = Field(1, ge=1)
+    """Devices that always serve rollouts."""
+    core_train: int = Field(1, ge=1)
+    """Training replicas that train for the whole run."""
+    hybrids: int = Field(1, ge=0)
+    """Workers that switch between rollout and training when the planner says so."""
+    hybrid_start: Literal["rollout", "train", "plan"] = "plan"
+    """Where hybrids start: `plan` (the planner's choice on the demonstrations'
+    workload, or rollout without a warm start), `rollout` or `train`."""
+    buckets: list[BucketConfig] = Field(default_factory=lambda: [BucketConfig(name="tp1")])
+    """Buckets of the rollout side; the core engines are dealt over them in order, a
+    hybrid's engine joins the first bucket (embedded engines are TP 1)."""
+    engine_threads: int = Field(1, ge=1)
+    """Torch threads per embedded engine."""
+    engine_max_num_seqs: int = Field(64, ge=1)
+    """Sequences an embedded engine decodes at once."""
+    drain_timeout_s: float = Field(30.0, gt=0)
+    """Rollout -> training: how long a leaving engine's in-flight turns may take before
+    they are aborted and retried on a sibling."""
+    gpus_per_node: int = Field(8, ge=1)
+    """GPU configs: GPUs per node."""
+
+    @property
+    def total(self) -> int:
+        return self.devices or (self.core_rollout + self.core_train + self.hybrids)
+
+
+class PlannerSection(Config):
+    """The global planner: hardware profile and replan policy."""
+
+    hardware: str = "local"
+    """`local` (this machine, measured at start) or a profile id / `.toml`."""
+    replan: ReplanConfig = Field(
+        default_factory=lambda: ReplanConfig(every_steps=4, cooldown_steps=2)
+    )
+    """When to plan anew and when a new plan is worth applying (non-zero hysteresis:
+    `min_gain_fraction`)."""
+    settings: PlannerSettings = Field(default_factory=PlannerSettings)
+    """Search settings; for the embedded fleet only TP 1 and no pipeline are used."""
+    engine_start_s: float | None = Field(None, gt=0)
+    """Reconfiguration cost of starting an engine; None: measured when the fleet starts."""
+    workload: str | None = None
+    """`--dry-run` of GPU configs: the generated workload (`search-r1`, `r2e-gym`,
+    `dapo-math`) the initial plan is made for."""
+
+
+class ReportSection(Config):
+    """What the user sees and keeps."""
+
+    display: Literal["auto", "live", "lines", "off"] = "auto"
+    """`live`: a redrawn panel on the terminal; `lines`: one line per step; `auto`: live
+    on a terminal, else lines."""
+    plots: bool = True
+    """Write PNG plots at the end (needs matplotlib)."""
+    tensorboard: bool = False
+    """Also log scalars to `out/tensorboard` (needs the `tensorboard` package)."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Save a resumable checkpoint every N steps (and on Ctrl-C and at the end)."""
+
+
+class TrainConfig(Config):
+    """A `libra train` run."""
+
+    out: str = "runs/train"
+    """Run folder: metrics, decision log, plots, checkpoints, logs."""
+    seed: int = 0
+    """Seeds the task order, sampling, the made model and the demonstrations."""
+    steps: int = Field(40, ge=1)
+    """GRPO steps (policy versions) to train."""
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    sft: SFTSection = Field(default_factory=SFTSection)
+    validation: ValidationSection = Field(default_factory=ValidationSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    fleet: FleetSection = Field(default_factory=FleetSection)
+    planner: PlannerSection = Field(default_factory=PlannerSection)
+    report: ReportSection = Field(default_factory=ReportSection)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        f = self.fleet
+        if f.kind == "embedded" and f.devices is not None and f.devices != f.total:
+            raise ValueError(
+                "fleet.devices: an embedded fleet has core_rollout + core_train + hybrids "
+                "devices; leave devices unset"
+            )
+        if f.devices is not None and f.core_rollout + f.core_train > f.devices:
+            raise ValueError("fleet.devices is smaller than core_rollout + core_train")
+        if self.rollout.sampling.temperature <= 0:
+            raise ValueError(
+                "rollout.sampling.temperature must be > 0 for training (GRPO needs samples; "
+                "set validation.temperature = 0 for greedy validation)"
+            )
+        if self.model.num_attention_heads % self.model.num_key_value_heads:
+            raise ValueError("model.num_attention_heads must be a multiple of num_key_value_heads")
+        if self.model.hidden_size % self.model.num_attention_heads:
+            raise ValueError("model.hidden_size must be a multiple of num_attention_heads")
+        return self
+
+
+__all__ = [
+    "DataSection",
+    "DynamicSampling",
+    "FleetSection",
+    "ModelSection",
+    "PlannerSection",
+    "ReportSection",
+    "RolloutSection",
+    "SFTSection",
+    "TrainConfig",
+    "TrainerSection",
+    "ValidationSection",
+]

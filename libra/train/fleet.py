@@ -1,0 +1,230 @@
+"""Workers and their roles: core engines, core training replicas, hybrids that switch.
+
+Role switches (docs/train.md, "Hybrid workers"):
+
+rollout -> training
+    1. stop admitting turns to its engine (`EndpointPool.drain`): turns already running
+       finish there; each episode's *next* turn goes to a sibling engine, which
+       re-prefills its context (the episode migrates at a turn boundary, nothing is lost);
+    2. remove the endpoint and stop the engine (frees its core and memory);
+    3. `ElasticTrainer.add_hybrid`: at the next step boundary the replica registers,
+       is admitted, fetches a snapshot from a live peer in the background and trains
+       from the step after it caught up.
+training -> rollout
+    1. `ElasticTrainer.remove_hybrid`: it leaves after its next update;
+    2. start an engine on the newest published weights;
+    3. register it in its bucket at that weights version (under the publishing lock, so
+       a version published meanwhile is loaded before any turn is sent to it).
+
+Every trainer call goes through `TrainerHandle` (one at a time, in a worker thread), so
+membership changes happen between steps, never inside one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+
+from libra.endpoints.pool import EndpointPool
+from libra.engine.weights import load_weights
+from libra.train.engines import Engine, start_engine, stop_engine
+
+log = logging.getLogger("libra.train")
+
+Role = Literal["rollout", "train", "switching"]
+T = TypeVar("T")
+
+
+def no_sigint(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run `fn` with SIGINT blocked in the calling thread, so processes it spawns start
+    with SIGINT blocked (the mask survives fork and exec): a Ctrl-C at the terminal goes
+    to the whole foreground process group, and the trainer's processes must keep
+    running until `libra train` has saved its checkpoint and stops them itself."""
+
+    def wrapped(*args: Any) -> T:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return fn(*args)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    return wrapped
+
+
+class TrainerHandle:
+    """Serialises calls into the (blocking) `ElasticTrainer` from asyncio: one at a
+    time, in a worker thread, with SIGINT blocked (`no_sigint`). A cancelled caller
+    still waits for its call to end before the next one may start."""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+        self._lock = asyncio.Lock()
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self._lock:
+            fut = asyncio.ensure_future(asyncio.to_thread(no_sigint(fn), *args))
+            try:
+                return await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                with contextlib.suppress(BaseException):
+                    await fut
+                raise
+
+
+@dataclass(slots=True)
+class Worker:
+    id: str
+    kind: Literal["core-rollout", "core-train", "hybrid"]
+    role: Role
+    bucket: str | None = None
+    engine: Engine | None = None
+
+
+@dataclass(slots=True)
+class Fleet:
+    """The run's workers. Engines serve `model_dir` at start, later the newest weights."""
+
+    pool: EndpointPool | None
+    trainer: TrainerHandle
+    log_dir: Path
+    engine_threads: int = 1
+    engine_max_num_seqs: int = 64
+    drain_timeout_s: float = 30.0
+    workers: list[Worker] = field(default_factory=list)
+    weights_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    weights: tuple[int, str] = (0, "")
+    """(version, folder) of the newest weights every engine serves."""
+    engine_start_s: list[float] = field(default_factory=list)
+    """Measured engine start times (the planner's reconfiguration cost)."""
+
+    def by_role(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {"rollout": [], "train": []}
+        for w in self.workers:
+            out.setdefault(w.role, []).append(w.id)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {r: len(ids) for r, ids in self.by_role().items()}
+
+    def hybrids(self, role: Role) -> list[Worker]:
+        return [w for w in self.workers if w.kind == "hybrid" and w.role == role]
+
+    def urls(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for w in self.workers:
+            if w.engine is not None and w.bucket is not None:
+                out.setdefault(w.bucket, []).append(w.engine.url)
+        return out
+
+    async def start_engine(self, w: Worker, model_dir: str) -> Engine:
+        w.engine = await start_engine(
+            model_dir,
+            w.id,
+            self.log_dir,
+            threads=self.engine_threads,
+            max_num_seqs=self.engine_max_num_seqs,
+        )
+        self.engine_start_s.append(w.engine.start_s)
+        return w.engine
+
+    async def start(self, workers: list[Worker], model_dir: str, version: int) -> None:
+        """Start the engines of every rollout worker (before the pool exists)."""
+        self.workers = workers
+        self.weights = (version, model_dir)
+        await asyncio.gather(
+            *(self.start_engine(w, model_dir) for w in workers if w.role == "rollout")
+        )
+
+    # -- weights ----------------------------------------------------------------------
+
+    async def publish(self, version: int, folder: str) -> float:
+        """Load `folder` into every engine, one at a time (the others keep serving).
+        While an engine updates, no turn is sent to it; turns it is running finish on
+        the old weights; from the update on its turns are stamped `version`. Returns
+        the seconds it took."""
+        assert self.pool is not None
+        t0 = time.monotonic()
+        async with self.weights_lock, aiohttp.ClientSession() as session:
+            for ep in list(self.pool.endpoints()):
+                await self.pool.set_admitting(ep.url, False)
+                try:
+                    await load_weights(session, ep.url, "embedded", folder)
+                    ep.version = version
+                finally:
+                    await self.pool.set_admitting(ep.url, True)
+            self.weights = (version, folder)
+        return time.monotonic() - t0
+
+    # -- role switches ----------------------------------------------------------------
+
+    async def to_training(self, w: Worker) -> dict[str, float]:
+        """rollout -> training (module doc). Returns measured durations."""
+        assert self.pool is not None and w.engine is not None
+        w.role = "switching"
+        t0 = time.monotonic()
+        url = w.engine.url
+        async with self.weights_lock:  # a weight update must not re-admit it meanwhile
+            left = await self.pool.drain(url, self.drain_timeout_s)
+            t1 = time.monotonic()
+            await self.pool.remove_endpoint(url)
+        await stop_engine(w.engine)
+        w.engine = None
+        t2 = time.monotonic()
+        await self.trainer.call(self.trainer.trainer.add_hybrid, w.id)
+        w.role = "train"
+        return {
+            "drain_s": t1 - t0,
+            "turns_cut": float(left),
+            "stop_s": t2 - t1,
+            "register_s": time.monotonic() - t2,
+            "total_s": time.monotonic() - t0,
+        }
+
+    async def to_rollout(self, w: Worker, bucket: str) -> dict[str, float]:
+        """training -> rollout (module doc). Returns measured durations."""
+        assert self.pool is not None
+        w.role = "switching"
+        t0 = time.monotonic()
+        await self.trainer.call(self.trainer.trainer.remove_hybrid, w.id)
+        t1 = time.monotonic()
+        version, folder = self.weights
+        engine = await self.start_engine(w, folder)
+        t2 = time.monotonic()
+        async with self.weights_lock:
+            if self.weights[0] != version:  # published while the engine started
+                async with aiohttp.ClientSession() as session:
+                    await load_weights(session, engine.url, "embedded", self.weights[1])
+                version = self.weights[0]
+            await self.pool.add_endpoint(bucket, engine.url, version)
+        w.bucket, w.role = bucket, "rollout"
+        return {"leave_s": t1 - t0, "engine_start_s": t2 - t1, "total_s": time.monotonic() - t0}
+
+    async def close(self) -> None:
+        """Stop every engine (also when cancelled: shielded)."""
+        engines = [w.engine for w in self.workers if w.engine is not None]
+        for w in self.workers:
+            w.engine = None
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(asyncio.gather(*(stop_engine(e) for e in engines)))
+
+    def kill_now(self) -> None:
+        """Last resort (synchronous): SIGKILL every engine still running."""
+        import os
+        import signal
+
+        for w in self.workers:
+            if w.engine is not None and w.engine.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(w.engine.proc.pid, signal.SIGKILL)
+
+
+__all__ = ["Fleet", "Role", "TrainerHandle", "Worker", "no_sigint"]

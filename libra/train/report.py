@@ -1,0 +1,170 @@
+"""The run folder's logs and plots.
+
+    metrics.jsonl     one row per training step (docs/train.md lists the fields)
+    decisions.jsonl   every planner decision, applied or not, with predicted gain and cost
+    events.jsonl      what happened: role switches (with measured durations), trainer
+                      joins and leaves, validations, checkpoints, warm start
+    plots/*.png       reward per step (+ validation), throughput per step, roles over time
+    tensorboard/      the metrics as scalars (optional)
+
+Appending is line-buffered and flushed, so a crash keeps every finished row; on resume
+rows of steps after the checkpoint are dropped (they will be redone).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from libra.errors import ConfigError
+
+log = logging.getLogger("libra.train")
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_bytes().splitlines():
+        if line.strip():
+            try:
+                rows.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue  # a torn last line after a crash
+    return rows
+
+
+class JsonLog:
+    """Append-only JSON lines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed in close()
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._f.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def truncate_after(path: Path, step: int, key: str = "step") -> None:
+    """Keep rows with `key` <= step (resume: later rows will be written again)."""
+    rows = [r for r in read_rows(path) if r.get(key) is None or r[key] <= step]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+class Report:
+    def __init__(self, out: Path, *, tensorboard: bool = False, t0: float | None = None):
+        self.out = out
+        self.t0 = time.time() if t0 is None else t0
+        self.metrics = JsonLog(out / "metrics.jsonl")
+        self.decisions = JsonLog(out / "decisions.jsonl")
+        self.events = JsonLog(out / "events.jsonl")
+        self.tb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError(
+                    "report.tensorboard needs the tensorboard package: pip install tensorboard "
+                    "(or set report.tensorboard = false)"
+                ) from None
+            self.tb = SummaryWriter(str(out / "tensorboard"))
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        row = {"t": round(time.time() - self.t0, 3), "event": kind, **fields}
+        self.events.write(row)
+        return row
+
+    def step(self, row: dict[str, Any]) -> None:
+        self.metrics.write(row)
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                    self.tb.add_scalar(k, v, row["step"])
+            for role, n in row.get("roles", {}).items():
+                self.tb.add_scalar(f"roles/{role}", n, row["step"])
+            self.tb.flush()
+
+    def decision(self, row: dict[str, Any]) -> None:
+        self.decisions.write(row)
+
+    def close(self) -> None:
+        for f in (self.metrics, self.decisions, self.events):
+            f.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def write_plots(out: Path) -> list[Path]:
+    """reward.png, throughput.png, roles.png from metrics.jsonl (empty list if the
+    plotting library is missing: the logs are the record, plots are a view)."""
+    rows = read_rows(out / "metrics.jsonl")
+    if not rows:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("plots skipped: matplotlib is not installed (pip install matplotlib)")
+        return []
+    folder = out / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    steps = [r["step"] for r in rows]
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [r["reward"] for r in rows], marker=".", label="training reward (per step)")
+    val = [(r["val_version"], r["val_reward"]) for r in rows if r.get("val_step") == r["step"]]
+    if val:
+        ax.plot(*zip(*val, strict=True), marker="o", label="held-out validation")
+    ax.set(xlabel="step (policy version)", ylabel="mean reward", ylim=(-0.02, 1.02), title="Reward")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, folder / "reward.png", plt))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(
+        steps,
+        [r["tokens_per_s"] for r in rows],
+        marker=".",
+        label="end-to-end (batch tokens / step time)",
+    )
+    ax.plot(
+        steps,
+        [r["gen_tokens_per_s"] for r in rows],
+        marker=".",
+        label="generated (model tokens / step time)",
+    )
+    ax.set(xlabel="step", ylabel="tokens / s", title="Throughput")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, folder / "throughput.png", plt))
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    roll = [r["roles"].get("rollout", 0) for r in rows]
+    train = [r["roles"].get("train", 0) for r in rows]
+    ax.stackplot(steps, roll, train, labels=["rollout", "training"], step="post", alpha=0.8)
+    ax.set(xlabel="step", ylabel="devices", title="Worker roles over time")
+    ax.legend(loc="upper left")
+    written.append(_save(fig, folder / "roles.png", plt))
+    return written
+
+
+def _save(fig: Any, path: Path, plt: Any) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["JsonLog", "Report", "read_rows", "truncate_after", "write_plots"]

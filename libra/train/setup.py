@@ -1,0 +1,260 @@
+"""The phases before the loop (model, hardware profile, warm start, planner, trainer
+config) and the summary after it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from libra.chat import ChatTokenizer
+from libra.env import Env
+from libra.planner import (
+    HardwareProfile,
+    PlannerSettings,
+    ReplanPolicy,
+    RolloutSettings,
+    calibrate_local,
+    hardware_from_dict,
+    hardware_to_dict,
+    load_hardware,
+    load_model,
+)
+from libra.train.config import TrainConfig
+from libra.train.display import Display, View
+from libra.train.planning import Assignment, FleetShape, Replanner
+from libra.train.report import Report, read_rows
+from libra.train.state import write_json
+
+
+async def prepare_model(cfg: TrainConfig, out: Path) -> Path:
+    """The starting model folder: `model.path`, or a tiny Qwen2 made in `out/base`."""
+    if cfg.model.path is not None:
+        path = Path(cfg.model.path)
+        if not (path / "config.json").is_file():
+            from libra.errors import ConfigError
+
+            raise ConfigError(
+                f"model.path {cfg.model.path!r} is not a model folder (no config.json)"
+            )
+        return path
+    from libra.engine.model_maker import TinyQwen2, make_model
+
+    m = cfg.model
+    sizes = TinyQwen2(
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_key_value_heads,
+        max_position_embeddings=m.max_position_embeddings,
+    )
+    return await asyncio.to_thread(
+        make_model, out / "base", seed=cfg.seed, sizes=sizes, exist_ok=True
+    )
+
+
+async def calibrate(cfg: TrainConfig, out: Path, model_dir: Path, view: View) -> HardwareProfile:
+    """The planner's hardware profile; `local` is measured once per run (kept for resumes)."""
+    if cfg.planner.hardware != "local":
+        return load_hardware(cfg.planner.hardware)
+    saved = out / "hardware.json"
+    if saved.is_file():
+        return hardware_from_dict(json.loads(saved.read_text()), str(saved))
+    view.phase, view.note = "calibrating the planner's `local` profile", ""
+    m = load_model(str(model_dir))
+    hw = await asyncio.to_thread(
+        calibrate_local,
+        devices=cfg.fleet.total,
+        hidden=m.hidden,
+        intermediate=m.intermediate or None,
+        budget_s=0.2,
+    )
+    write_json(saved, hardware_to_dict(hw))
+    return hw
+
+
+async def warm_start(
+    cfg: TrainConfig,
+    out: Path,
+    base: Path,
+    env: Env,
+    tok: ChatTokenizer,
+    tasks: list[dict[str, Any]],
+    view: View,
+    display: Display,
+    report: Report,
+    should_stop: Callable[[], bool],
+) -> tuple[Path, list[Any]]:
+    """Demonstrations + SFT -> `out/sft` (or the base model when `sft.steps` is 0).
+    Returns the folder GRPO starts from and the demonstrations (the first workload
+    estimate of the planner)."""
+    import random
+
+    from libra.train.demos import demonstrations, load_expert
+    from libra.train.sft import SFTProgress, run_sft
+
+    s = cfg.sft
+    if s.steps == 0:
+        return base, []
+    view.phase, view.note = "generating demonstrations", ""
+    rng = random.Random(cfg.seed)
+    picked = [rng.choice(tasks) for _ in range(s.demos)]
+    demos = await demonstrations(
+        env, cfg.data.env, tok, picked, load_expert(s.expert, cfg.data.env)
+    )
+    report.event("demonstrations", count=len(demos), of=len(picked))
+    view.phase = "warm start (supervised, on demonstrations)"
+    loop = asyncio.get_running_loop()
+
+    def progress(p: SFTProgress) -> None:
+        prob = "-" if p.seq_prob is None else f"{p.seq_prob:.2f}"
+        view.note = (
+            f"step {p.step}/{p.steps}  loss {p.loss:.3f}  P(demo) {prob} (stops at {s.target})"
+        )
+        loop.call_soon_threadsafe(display.draw, view)
+
+    def fit() -> Any:
+        import torch
+
+        prev = torch.get_num_threads()
+        torch.set_num_threads(1)  # measured: 2 threads on 2 busy cores cost 2-8x the CPU
+        try:
+            return run_sft(
+                base,
+                demos,
+                out / "sft",
+                steps=s.steps,
+                batch=s.batch,
+                lr=s.lr,
+                target=s.target,
+                seed=cfg.seed,
+                on_progress=progress,
+                should_stop=should_stop,
+            )
+        finally:
+            torch.set_num_threads(prev)
+
+    res = await asyncio.to_thread(fit)
+    report.event("warm-start", **dataclasses.asdict(res))
+    display.line(
+        f"warm start: {res.steps} steps, loss {res.loss:.3f}, P(demo) {res.seq_prob:.2f} "
+        f"({res.stopped}), {res.wall_s:.0f} s"
+    )
+    return Path(res.path), demos
+
+
+def planner_settings(cfg: TrainConfig) -> PlannerSettings:
+    s = cfg.planner.settings
+    if cfg.fleet.kind == "embedded":  # one process per engine, whole replicas per device
+        s = s.model_copy(
+            update={
+                "rollout": RolloutSettings(
+                    **{
+                        **s.rollout.model_dump(),
+                        "tp_sizes": [1],
+                        "max_num_seqs": cfg.fleet.engine_max_num_seqs,
+                    }
+                ),
+                "train": s.train.model_copy(update={"max_pp": 1}),
+            }
+        )
+    return s
+
+
+def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Replanner | None:
+    f = cfg.fleet
+    if f.hybrids == 0:
+        return None
+    shape = FleetShape(
+        f.core_rollout,
+        f.core_train,
+        f.hybrids,
+        micro_batch_tokens=cfg.trainer.grpo.micro_batch_tokens,
+    )
+    model = load_model(cfg.model.profile or str(model_dir))
+    return Replanner(
+        shape,
+        model,
+        hw,
+        planner_settings(cfg),
+        ReplanPolicy(cfg.planner.replan),
+        Assignment(0, f.hybrids),
+    )
+
+
+def trainer_config(cfg: TrainConfig, model_dir: Path, out: Path) -> Any:
+    from libra.trainer import TrainerConfig
+
+    t = cfg.trainer
+    grpo = t.grpo.model_copy(
+        update={
+            # the importance ratio compares the distribution that was sampled
+            "temperature": cfg.rollout.sampling.temperature,
+            "max_staleness": cfg.rollout.max_staleness,  # enforced at admission; a check here
+        }
+    )
+    return TrainerConfig(
+        model=str(model_dir),
+        dtype=t.dtype,
+        seed=cfg.seed,
+        grpo=grpo,
+        optim=t.optim,
+        elastic=t.elastic,
+        publish={"dir": str(out / "weights"), "keep": t.keep_versions},
+    )
+
+
+def summarize(
+    cfg: TrainConfig, out: Path, outcome: str, wall_s: float, cpu_s: float, plots: list[Path]
+) -> dict[str, Any]:
+    rows = read_rows(out / "metrics.jsonl")
+    decisions = read_rows(out / "decisions.jsonl")
+    events = read_rows(out / "events.jsonl")
+    n = len(rows)
+    k = max(1, n // 5)
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    first, last = mean([r["reward"] for r in rows[:k]]), mean([r["reward"] for r in rows[-k:]])
+    vals = [e for e in events if e.get("event") == "validation"]
+    applied = [d for d in decisions if d.get("apply") and d.get("trigger") != "initial"]
+    return {
+        "outcome": outcome,
+        "out": str(out),
+        "steps": rows[-1]["step"] if rows else 0,
+        "reward_first_20pct": first,
+        "reward_last_20pct": last,
+        "reward_gain": None if first is None or last is None else last - first,
+        "val_first": vals[0]["reward"] if vals else None,
+        "val_last": vals[-1]["reward"] if vals else None,
+        "val_last_version": vals[-1]["version"] if vals else None,
+        "switches": sum(e.get("event") == "switch-done" for e in events),
+        "decisions": len(decisions),
+        "applied_decisions": [
+            {
+                k: d.get(k)
+                for k in ("step", "trigger", "predicted_gain_s", "reconfig_cost_s", "reason")
+            }
+            for d in applied
+        ],
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "checkpoint": str(out / "checkpoint") if (out / "checkpoint").is_dir() else None,
+        "plots": [str(p) for p in plots],
+    }
+
+
+__all__ = [
+    "calibrate",
+    "make_replanner",
+    "planner_settings",
+    "prepare_model",
+    "summarize",
+    "trainer_config",
+    "warm_start",
+]

@@ -1,0 +1,91 @@
+"""The run folder and what a resume needs.
+
+    out/
+      config.json        the resolved config of the run (a resume must match it)
+      state.json         loop state at the last checkpoint (below)
+      checkpoint/        trainer checkpoint = HF model folder + optimizer + version
+                         (`libra serve-engine --model out/checkpoint` serves it)
+      base/ sft/         the made model and the warm-started one
+      weights/v{N}/      published versions (the newest few)
+      hardware.json      the calibrated `local` profile
+      routing-tree.json  what C-MLFQ learned
+      metrics.jsonl decisions.jsonl events.jsonl trajectories.jsonl plots/ logs/
+
+`state.json` and `checkpoint/` are written together at a step boundary (checkpoint
+first, then the state file atomically), so the state always names a checkpoint that
+exists. A resume restarts the trainer from `checkpoint/`, the engines on its weights,
+the task stream at its position and the hybrids in their roles; episodes that were in
+flight are started again (their groups' tasks are drawn afresh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from libra.errors import ConfigError
+from libra.train.config import TrainConfig
+
+RESUME_FREE = ("steps", "report", "out")
+"""Config sections a resumed run may change."""
+
+
+def write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_state(out: Path) -> dict[str, Any] | None:
+    p = out / "state.json"
+    if not p.is_file():
+        return None
+    doc: dict[str, Any] = json.loads(p.read_text())
+    return doc
+
+
+def _comparable(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in RESUME_FREE}
+
+
+def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] | None]:
+    """The run folder, and the state to resume from (None: a new run).
+
+    An existing run in `out` is resumed when its config matches (only `steps`,
+    `report` and `out` may differ); `fresh` deletes it first."""
+    out = Path(cfg.out)
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    state = read_state(out) if out.is_dir() else None
+    if state is None:
+        if out.exists() and any(out.iterdir()):
+            if not (out / "config.json").is_file():
+                names = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+                raise ConfigError(
+                    f"{out} is not empty ({names}) and is not a libra train run; "
+                    "set another out (or pass --fresh to replace it)"
+                )
+            shutil.rmtree(out)  # a run of ours that never reached a checkpoint: redo it
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "config.json", cfg.model_dump(mode="json"))
+        return out, None
+    saved = json.loads((out / "config.json").read_text())
+    mine = cfg.model_dump(mode="json")
+    if _comparable(saved) != _comparable(mine):
+        diff = sorted(
+            k
+            for k in set(saved) | set(mine)
+            if k not in RESUME_FREE and saved.get(k) != mine.get(k)
+        )
+        raise ConfigError(
+            f"{out} holds a run started with a different config ({', '.join(diff)} differ); "
+            "pass --fresh to start over, or set another out"
+        )
+    write_json(out / "config.json", mine)
+    return out, state
+
+
+__all__ = ["RESUME_FREE", "prepare_out", "read_state", "write_json"]
