@@ -71,6 +71,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         "model, default); stream: as soon as staleness allows",
     )
     p.add_argument(
+        "--dispatch",
+        choices=("spill", "exact"),
+        default="spill",
+        help="spill: an episode runs on the least-loaded instance of its routed bucket or a "
+        "larger one (default); exact: of its routed bucket only",
+    )
+    p.add_argument(
         "--jobs",
         type=int,
         default=None,
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None and args.plot.exists() and not args.plot.is_dir():
         raise ConfigError(f"--plot {str(args.plot)!r} is a file; pass a directory")
     fields = ("workload", "gpus", "hardware", "model", "steps", "seed", "prompts", "group",
-              "staleness", "pipeline")  # fmt: skip
+              "staleness", "pipeline", "dispatch")  # fmt: skip
     cfg = build(SimConfig, {f: getattr(args, f) for f in fields if getattr(args, f) is not None})
     systems = resolve(args.systems)
     if args.plot is not None:

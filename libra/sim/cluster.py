@@ -43,6 +43,7 @@ class Simulation:
             tp: instance_cost(env.model, env.hw, tp, settings.rollout) for tp in env.tps(settings)
         }
         self.fleet = Fleet(self.loop, costs, settings.rollout.max_num_seqs, self._episode_done)
+        self.fleet.spill = cfg.dispatch == "spill"
         self.controller = make_controller(spec, self)
         layout = layout or self.controller.initial_layout()
         self.layout = layout

@@ -39,6 +39,12 @@ class SimConfig(Config):
     pipeline: Literal["stream", "batch"] = "batch"
     """`stream`: the next batch's episodes start as soon as staleness allows (AReaL-style);
     `batch`: a batch also waits until the previous batch has finished rolling out."""
+    dispatch: Literal["spill", "exact"] = "spill"
+    """Where a placed episode runs among the buckets that can serve it. `spill`: the
+    least-loaded live instance (sequences per GPU) of the routing policy's bucket or a
+    larger one (a larger bound also fits it), so work waiting on a crowded small bucket
+    goes to idle larger instances; `exact`: the least-loaded instance of the policy's
+    bucket only (the policy's choice taken literally)."""
     engine_start_s: float = Field(60.0, ge=0.0)
     """Seconds to start a rollout engine on GPUs it did not run on (process, CUDA graphs,
     warm-up), plus its weight shard over the network (`reconfig_cost`'s default)."""

@@ -7,8 +7,13 @@ latency off the GPU, and after each tool return the policy answers `on_tool_retu
 turn that would outgrow its bucket's bound stops at the bound and moves to the next
 bucket with room (an overflow demotion). Any move re-prefills the whole context on the
 new instance; staying continues on the same instance, whose prefix cache holds the
-context, so only the tool response is prefilled. Inside a bucket an episode goes to the
-least-loaded live instance.
+context, so only the tool response is prefilled. A placed episode goes to the
+least-loaded live instance (sequences per GPU) of its bucket, or, with `spill` dispatch
+(the default), of its bucket and the larger ones: a bucket's bound is the longest context
+it serves, so a larger bucket serves the episode too, and the policy's choice is a floor.
+Without spilling, every episode's first turns queue on the smallest bucket (C-MLFQ, MLFQ
+and static all start there), which the planner sized for the short episodes alone, while
+the larger instances idle at the start of each batch.
 
 A bucket is one TP size; an episode remembers the TP size of its bucket, so the buckets
 (and their bounds) can change under it when a new plan is applied.
@@ -84,7 +89,10 @@ class Fleet:
         self.reprefill_tokens = 0
         self.retired_busy_gpu_s = 0.0
         self.oracle = False
-        """Diagnostic: start every episode in the bucket of its true final length."""
+        """Diagnostic: start every episode in the bucket of its true final length (and
+        place it exactly there: no spilling)."""
+        self.spill = True
+        """Place on the least-loaded instance of the chosen bucket or a larger one."""
         self._n = 0
 
     # --- layout -----------------------------------------------------------------------
@@ -201,11 +209,20 @@ class Fleet:
         return min(bisect.bisect_left(self._bounds, tokens), self._last)
 
     def _pick(self, bi: int) -> tuple[int, Instance | None]:
-        """The least-loaded live instance of bucket `bi`, else of the nearest bucket
-        that has one (larger first: its bound fits)."""
+        """The least-loaded live instance of bucket `bi` (with spilling: of `bi` and the
+        larger buckets, the smaller bucket on a tie), else of the nearest bucket that has
+        one (larger first: its bound fits)."""
         live = self._live[bi]
-        if live:
+        if live and (not self.spill or self.oracle or bi == self._last):
             return bi, min(live, key=_load) if len(live) > 1 else live[0]
+        if live:
+            best, where, load = None, bi, float("inf")
+            for b in range(bi, self._last + 1):
+                for inst in self._live[b]:
+                    x = (len(inst.active) + len(inst.queue)) / inst.tp
+                    if x < load:
+                        best, where, load = inst, b, x
+            return where, best
         for b in [*range(bi + 1, self._last + 1), *range(bi - 1, -1, -1)]:
             if self._live[b]:
                 return b, min(self._live[b], key=_load)

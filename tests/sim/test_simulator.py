@@ -181,3 +181,31 @@ def test_oracle_routing_needs_no_moves(results):
 def test_time_accounting_is_finite(results):
     for r in results.values():
         assert math.isfinite(r["time_s"]) and r["throughput"] > 0
+
+
+def test_spill_dispatch_uses_idle_larger_buckets():
+    """Before C-MLFQ has learned anything every episode starts in the smallest bucket;
+    with `spill` dispatch the idle larger instances take part of the first batch's first
+    turns and the rollouts end sooner, with `exact` the small instances hold all of
+    them."""
+    rollout, used = {}, {}
+    for dispatch in ("spill", "exact"):
+        env = build_env(SimConfig(**SMALL, dispatch=dispatch))
+        layout = Layout(
+            env.best_train(env.initial, 6), {1: 2, 4: 2}, {1: 5_000, 4: env.max_context}
+        )
+        sim = Simulation(SYSTEMS["libra-cmlfq"], env, layout)
+        first: set[int] = set()
+        original = sim.fleet._submit
+
+        def submit(run, inst, bi, now, original=original, first=first):
+            if run.batch == 0 and run.turn == 0 and run.ctx == run.ep.prompt:
+                first.add(inst.tp)
+            original(run, inst, bi, now)
+
+        sim.fleet._submit = submit
+        sim.run()
+        rollout[dispatch] = sum(sim.done[s] - sim.released[s] for s in range(sim.steps))
+        used[dispatch] = first
+    assert used == {"spill": {1, 4}, "exact": {1}}
+    assert rollout["spill"] < rollout["exact"]
