@@ -7,8 +7,15 @@ context) sequences per step. Its time is the larger of
 
 - the work bound: steps x (weights read + step overhead) + all KV reads + compute, over
   its share of the segment's tokens (q/n of them), with steps = share of decode tokens / B;
-- the critical path: the longest episode's own decode steps at the step time of a
-  batch of B, plus its tool time and its prefill.
+- the critical path: the longest episode's own decode steps, plus its tool time and its
+  prefill. Its steps are timed at the batch it decodes in *on average*: the instance
+  decodes q x (mean generated tokens) tokens in all, so over the longest episode's G
+  steps the batch averages at most q x mean / G sequences (and at most B): the batch
+  drains as the shorter episodes finish and the tail decodes nearly alone. Charging the
+  tail a full batch's step time instead overestimates a wide, heavy-tailed segment
+  up to 2x (docs/simulation.md); the drain average is exact when every episode is
+  resident from the start and a lower bound otherwise, and the work bound covers the
+  rest.
 
 Both bounds grow with q, so for a target time tau the largest feasible q has a closed
 form (dense models) or a short integer bisection (MoE, whose expert reads grow with B);
@@ -110,12 +117,19 @@ class SegmentModel:
         )
 
     def _crit(self, t: int, q: np.ndarray, idx: tuple[np.ndarray, ...]) -> np.ndarray:
-        batch = np.maximum(np.minimum(q, self.bcap[t][idx]), 1.0)
-        step = self._step(t, batch, self.ctx_res[idx])
+        """Per member bin b: its longest episode's gen_max[b] steps at the drain-average
+        batch clip(q x mean generated / gen_max[b], 1, B), plus its tool and prefill time;
+        the segment's critical path is the longest of these lines."""
+        bcap = np.maximum(np.minimum(q, self.bcap[t][idx]), 1.0)
+        shape = (-1,) + (1,) * bcap.ndim
+        gm = self.gen_max.reshape(shape)
+        per_ep = self.gen[idx] / np.maximum(self.n[idx], 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            avg = np.where(gm > 0, q * per_ep / gm, 1.0)
+        batch = np.clip(avg, 1.0, bcap[None])
+        step = self._step(t, batch, np.broadcast_to(self.ctx_res[idx], bcap.shape)[None])
+        lines = gm * step + self.other_max[t].reshape(shape)
         member = self._member[:, idx[0], idx[1]]
-        lines = self.gen_max.reshape((-1,) + (1,) * step.ndim) * step[None] + self.other_max[
-            t
-        ].reshape((-1,) + (1,) * step.ndim)
         return np.where(member, lines, -_INF).max(axis=0)
 
     def time_q(self, t: int, j: np.ndarray, i: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -248,36 +262,44 @@ class SegmentModel:
         return x, np.abs(at_cap - tau) <= 1e-9 * tau
 
     def _q_crit(self, t: int, tau: float, strict: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Largest load (unfloored) the critical path allows, and where rounding is risky."""
+        """Largest load (unfloored) the critical path allows, and where rounding is risky.
+
+        Bin b's line allows the step time lim_b = (tau - other_max[b]) / gen_max[b]; it
+        does not bind when a full batch's step fits it, else the batch allowed a_b (>= 1,
+        or nothing fits) bounds the load at a_b x gen_max[b] / mean generated."""
         ic, pre = self.types[t], self._pre(t)
         gm, om = self.gen_max, self.other_max[t]
         with np.errstate(divide="ignore", invalid="ignore"):
             lim = np.where(gm > 0, (tau - om) / gm, np.where(om <= tau, _INF, -_INF))
-        # The step time allowed: the smallest per-bin limit over the segment's bins.
-        run = np.minimum.accumulate(np.where(self._upper, lim[None, :], _INF), axis=1)
-        s_star = np.concatenate([self._inf_col, run], axis=1)
-        at_cap = pre["step_cap"]
-        full = (at_cap < s_star) if strict else (at_cap <= s_star)
-        edge = np.zeros(s_star.shape, dtype=bool)
+        lim3 = lim[:, None, None]
+        at_cap = pre["step_cap"][None]
+        free = (at_cap < lim3) if strict else (at_cap <= lim3)
         if ic.experts:
-            tab, lim3 = pre["step_tab"], s_star[:, :, None]
-            count = ((tab < lim3) if strict else (tab <= lim3)).sum(axis=-1)
-            b = count + 0.5
-            # The forward check multiplies where this divides: near the limit, verify.
-            near = np.take_along_axis(tab, np.clip(count - 1, 0, tab.shape[-1] - 1)[:, :, None], -1)
-            nxt = np.take_along_axis(tab, np.clip(count, 0, tab.shape[-1] - 1)[:, :, None], -1)
-            with np.errstate(invalid="ignore"):
-                scale = 1e-9 * np.abs(s_star)
-                edge = (np.abs(near[:, :, 0] - s_star) <= scale) | (
-                    np.abs(nxt[:, :, 0] - s_star) <= scale
-                )
+            tab = pre["step_tab"]  # (nb+1, nb+1, batches): monotone in the batch
+            ok = (tab[None] < lim[:, None, None, None]) if strict else (
+                tab[None] <= lim[:, None, None, None])  # fmt: skip
+            a = ok.sum(axis=-1).astype(float)
+            # The forward step reads the weights of the floored batch, so the batch
+            # allowed lies in [a, a + 1): where the line binds, the forward function
+            # settles the load.
+            edge = a >= 1.0
         else:
-            b = np.minimum(
-                (s_star - pre["ca_off"]) * pre["ca_inv"], (s_star - pre["cb_off"]) * pre["cb_inv"]
+            a = np.minimum(
+                (lim3 - pre["ca_off"]) * pre["ca_inv"][None],
+                (lim3 - pre["cb_off"]) * pre["cb_inv"][None],
             )
-        x = np.where(full, _INF, np.where(s_star > -_INF, b, -_INF))
+            with np.errstate(invalid="ignore"):
+                edge = np.abs(a - np.round(a)) <= 1e-7 * np.maximum(1.0, np.abs(a))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            per_ep = np.maximum(pre["g"], 1e-30)[None]
+            bound = np.where(a >= 1.0, a * gm[:, None, None] / per_ep, -_INF)
+        bound = np.where(free | (gm[:, None, None] <= 0), np.where(lim3 >= 0, _INF, -_INF),
+                         bound)  # fmt: skip
+        x = np.where(self._member, bound, _INF).min(axis=0)
         with np.errstate(invalid="ignore"):
-            risk = (np.abs(at_cap - s_star) <= 1e-9 * np.abs(at_cap)) | edge
+            near = np.abs(at_cap - lim3) <= 1e-9 * np.abs(at_cap)
+        risk = (self._member & (near | (edge & ~free))).any(axis=0)
+        x[~self.valid] = _INF
         return x, risk
 
     def _settle(

@@ -1,10 +1,11 @@
 """The simulator against the planner's rollout model, on one batch at paper scale.
 
-The planner's segment time is max(work bound, critical path), its critical path charging
-the longest episode a full batch's step time for every token. So it is exact when the
-tail is made of tool waits or of a segment whose batch stays full (a narrow length range
-per TP size, what the planner builds when routing is exact), and an upper bound when a
-wide range drains and the tail decodes nearly alone (docs/simulation.md).
+The planner's segment time is max(work bound, critical path); its critical path times the
+longest episode's steps at the batch it decodes in on average as the segment drains. It
+is exact when the tail is tool waits or a segment whose batch stays full (a narrow length
+range per TP size, what the planner builds when routing is exact), and somewhat
+optimistic for a wide range on few GPUs, where staggered starts and tool waits keep the
+tail's batch above the drain average (docs/simulation.md).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ def env(request):
 def test_planner_plan_with_exact_routing_takes_what_the_planner_predicts(env):
     mix = plan(env.model, env.hw, env.stats(0), 48).rollout.mix()
     (row,) = compare(env, [mix])
-    assert row["simulated_s"] == pytest.approx(row["planner_s"], rel=0.05)
+    assert row["simulated_s"] == pytest.approx(row["planner_s"], rel=0.1)
 
 
-def test_uniform_fleet_is_bounded_by_the_planner(env):
-    for row in compare(env, [{2: 12}, {8: 3}]):
-        assert row["simulated_s"] <= row["planner_s"] * 1.01, row
+def test_uniform_fleet_is_within_a_fifth_of_the_planner(env):
+    """Before the drain-aware critical path the planner overestimated a uniform TP-8
+    fleet on Search-R1 2.2x (charging the tail a full batch's step time)."""
+    for row in compare(env, [{1: 24}, {2: 12}, {4: 6}, {8: 3}, {8: 5}]):
+        assert 0.78 <= row["planner_over_simulated"] <= 1.05, row
     if env.workload.name == "r2e-gym":  # tool waits set the tail: the bound is tight
         for row in compare(env, [{8: 3}]):
-            assert row["planner_over_simulated"] < 1.1
+            assert row["planner_over_simulated"] == pytest.approx(1.0, abs=0.05)
