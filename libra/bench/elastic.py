@@ -15,7 +15,8 @@ Per cycle, from the coordinator's (core replica 0's) own step times:
   `*_same_members`: each window step against the median steady step with the same
   number of members (separates the join's own cost from the cost of one more replica
   in the all-reduce, and from a third process sharing this machine's cores);
-- `join_latency_s`: registration to the update after which it contributes real gradients;
+- `join_latency_s`: registration to the update after which it contributes real gradients
+  (median over cycles);
 - `hash_mismatches`: updates at which replicas' parameter + optimizer hashes differ
   (every `--hash-every` updates, so at least once per cycle while the hybrid trains;
   `hash_checks` counts the updates compared; mismatches must be 0).
@@ -24,6 +25,7 @@ Per cycle, from the coordinator's (core replica 0's) own step times:
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import tempfile
 import time
@@ -34,9 +36,9 @@ from typing import Any
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--core", type=int, default=2, help="core replicas (default 2)")
     p.add_argument("--cycles", type=int, default=3, help="join/leave cycles (default 3)")
-    p.add_argument("--global-samples", type=int, default=4, help="samples per update (4)")
-    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens (16)")
-    p.add_argument("--response-len", type=int, default=48, help="response tokens (48)")
+    p.add_argument("--global-samples", type=int, default=6, help="samples per update (6)")
+    p.add_argument("--prompt-len", type=int, default=4, help="prompt tokens (4)")
+    p.add_argument("--response-len", type=int, default=12, help="response tokens (12)")
     p.add_argument("--hidden", type=int, default=512, help="model width (512)")
     p.add_argument("--layers", type=int, default=7, help="decoder layers (7)")
     p.add_argument("--intermediate", type=int, default=1458, help="MLP width (1458)")
@@ -65,10 +67,16 @@ def _model(folder: Path, args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from libra.cli.common import progress
+    from libra.errors import ConfigError
     from libra.trainer.config import TrainerConfig
     from libra.trainer.groups import host_store
     from libra.trainer.scenario import MemberPlan, run_scenario
 
+    if args.global_samples < args.core + 1:
+        raise ConfigError(
+            f"--global-samples {args.global_samples} cannot give each of {args.core + 1} "
+            "replicas a sample; raise it"
+        )
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="libra-bench-elastic-"))
     root.mkdir(parents=True, exist_ok=True)
     progress("writing the model ...")
@@ -84,7 +92,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "core_ids": core, "config": cfg, "port": store.port, "size": 1,
         "global_samples": args.global_samples, "prompt_len": args.prompt_len,
         "response_len": (args.response_len, args.response_len), "vocab": 4096,
-        "hash_every": args.hash_every, "max_updates": 100_000,
+        "hash_every": args.hash_every,
+        # a bound if a cycle never completes (the analysis then says so)
+        "max_updates": args.baseline + args.cycles * (args.ready_updates + args.idle_updates + 60),
     }  # fmt: skip
     plans = [MemberPlan(id=c, kind="core", rank=0, log=str(root / f"{c}.jsonl"), **common)
              for c in core]  # fmt: skip
@@ -95,13 +105,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ))  # fmt: skip
     progress(f"running {args.core} core replicas + 1 hybrid ({args.cycles} cycles) ...")
     t0 = time.perf_counter()
-    logs = run_scenario(plans, timeout=3600)
+    previous = signal.signal(signal.SIGTERM, _exit)  # so the member processes get reaped
+    try:
+        logs = run_scenario(plans, timeout=3600)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     out = analyse(logs, core[0], args)
     snap = _snapshot_bytes(model)
     out = {"snapshot_mb": round(snap / 1e6, 1), "snapshot_mib": round(snap / 2**20, 1), **out}
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     out["config"] = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "json"}
     return out
+
+
+def _exit(*_: Any) -> None:
+    raise SystemExit(143)
 
 
 def _snapshot_bytes(model: Path) -> int:
@@ -121,6 +139,8 @@ def _prod(shape: list[int]) -> int:
 
 
 def analyse(logs: dict[str, list[dict]], coordinator: str, args: argparse.Namespace) -> dict:
+    from libra.errors import LibraError
+
     core = {r["update"]: r for r in logs[f"{coordinator}-0"]}
     hybrid = logs["hybrid-0"]
     step_ms = {u: r["timings"]["total_s"] * 1e3 for u, r in core.items()}
@@ -128,10 +148,14 @@ def analyse(logs: dict[str, list[dict]], coordinator: str, args: argparse.Namesp
     excluded: set[int] = set(range(1, 4))  # warm-up
     for c in range(args.cycles):
         rows = [r for r in hybrid if r.get("cycle") == c]
-        if not rows:
-            break
+        gone = next((r for r in rows if r["left"]), None)
+        if gone is None:
+            raise LibraError(f"join/leave cycle {c} did not complete within the update budget")
+        ready = next((r for r in rows if r["became_ready"]), None)
+        if ready is None:
+            raise LibraError(f"join/leave cycle {c}: the hybrid left before catching up: "
+                             f"{gone.get('reason')}")  # fmt: skip
         first = rows[0]["update"]
-        ready = next(r for r in rows if r["became_ready"])
         real = next((r["update"] for r in rows if r["contributed"]), ready["update"] + 1)
         left = next(r["update"] for r in rows if r["left"])
         join = list(range(first - 1, real + 1))

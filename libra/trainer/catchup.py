@@ -22,12 +22,16 @@ class CatchUp:
     """Owns the listener socket and the replay queue of one joining rank."""
 
     def __init__(
-        self, replica: Replica, listener: socket.socket, *, timeout_s: float, max_queue: int
+        self, replica: Replica, listener: socket.socket, *, timeout_s: float, max_mb: float
     ):
         self.replica = replica
         self.listener = listener
         self.timeout_s = timeout_s
-        self.max_queue = max_queue
+        self.max_mb = max_mb
+        # Each queued update holds one float32 gradient of this rank's shard; at least
+        # one fits whatever the limit (the error then names the limit to raise).
+        self.update_mb = replica.grad_numel * 4 / 1e6
+        self.max_queue = max(1, int(max_mb / self.update_mb))
         self._cv = threading.Condition()
         self._queue: collections.deque[tuple[int, torch.Tensor, float, float]] = collections.deque()
         self._token: str | None = None
@@ -58,7 +62,12 @@ class CatchUp:
         """Queue one update's summed gradient (a private copy) for replay."""
         with self._cv:
             if len(self._queue) >= self.max_queue:
-                self.error = f"more than {self.max_queue} updates buffered before the snapshot"
+                self.error = (
+                    f"the snapshot did not arrive within {self.max_queue} updates (buffering "
+                    f"them takes {self.max_queue * self.update_mb:.0f} MB, the "
+                    f"elastic.max_catchup_mb limit of {self.max_mb:g}): raise "
+                    "elastic.max_catchup_mb, or elastic.snapshot_rate_mb_s if it is set"
+                )
             else:
                 self._queue.append((update, flat, tokens, sumsq))
             self._cv.notify_all()
@@ -142,7 +151,7 @@ class CatchUp:
                     )
                 for t in self.replica.state_tensors():
                     _recv_exact(conn, _view(t))
-                self.replica.set_updates(int(header["updates"]))
+                self.replica.set_counts(int(header["updates"]), float(header["adam_step"]))
                 log.info("snapshot %s received (state at update %s)", token, header["updates"])
             with self._cv:
                 if self._token == token:

@@ -3,7 +3,8 @@
 A checkpoint folder is a complete model folder (what `libra serve-engine` and vLLM
 load) with two more files:
 
-    optimizer.pt          {parameter name: {"exp_avg": full tensor, "exp_avg_sq": ...}}
+    optimizer.pt          {parameter name: {"exp_avg": full tensor, "exp_avg_sq": ...},
+                           "__adam_step__": Adam's step count}
     trainer_state.json    {"version": policy version, "updates": optimizer updates}
 
 Tensors are stored whole (gathered from FSDP shards), so a run saved with 2-rank
@@ -46,10 +47,11 @@ def save(
 ) -> Path | None:
     """Model folder + optimizer + `meta` (version, updates); rank 0 writes."""
     st = replica.optimizer.state
-    opt = {
+    opt: dict[str, Any] = {
         name: {k: _full(st[p][k]).clone() for k in ("exp_avg", "exp_avg_sq")}
         for name, p in replica.model.named_parameters()
     }
+    opt["__adam_step__"] = replica.adam_step
     path = save_model(replica, out, source)
     if path is None:
         return None
@@ -86,7 +88,8 @@ def load_optimizer(replica: Replica, folder: str | Path) -> None:
                     ).to_local()
                     dst = dst.to_local()
                 dst.copy_(full)
-    replica.set_updates(int(read_meta(folder).get("updates", 0)))
+    updates = int(read_meta(folder).get("updates", 0))
+    replica.set_counts(updates, float(saved.get("__adam_step__", updates)))
 
 
 __all__ = ["full_state", "load_optimizer", "read_meta", "save", "save_model"]

@@ -87,9 +87,12 @@ class ElasticConfig(Config):
     all core ranks have reported."""
     snapshot_rate_mb_s: float | None = Field(None, gt=0)
     """Cap on the snapshot stream to a joiner (MB/s); None: as fast as the link goes."""
-    max_catchup_updates: int = Field(64, ge=1)
-    """A joiner buffers at most this many averaged gradients while its snapshot
-    arrives; beyond it the joiner leaves (and can be added again)."""
+    max_catchup_mb: float = Field(2048.0, gt=0)
+    """Memory a joining rank may fill with averaged gradients (one float32 copy of its
+    shard's gradient per update) while its snapshot arrives, to replay them once it is
+    in. If the snapshot is slower than that, the joiner leaves (the `left` event gives
+    the reason) and can be added again. The bound is in memory, not updates: a small
+    model on a fast step may wait hundreds of updates, a large one only a few."""
     host: str = "127.0.0.1"
     """Address the rendezvous store and snapshot listeners bind to (loopback on one
     machine; a routable address across machines)."""

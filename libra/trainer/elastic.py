@@ -78,6 +78,9 @@ class StepResult:
     """With `became_ready`: seconds from registration to now."""
     left: bool = False
     """This rank left training after this update."""
+    reason: str | None = None
+    """With `left`: why, when the replica gave up by itself (its snapshot was too slow)
+    rather than being asked to leave."""
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -106,7 +109,7 @@ class ElasticWorker:
         self.donor = Donor(replica, rate_mb_s=self.ecfg.snapshot_rate_mb_s,
                            timeout_s=self.ecfg.timeout_s)  # fmt: skip
         self.catchup = CatchUp(replica, self.listener, timeout_s=self.ecfg.timeout_s,
-                               max_queue=self.ecfg.max_catchup_updates)  # fmt: skip
+                               max_mb=self.ecfg.max_catchup_mb)  # fmt: skip
         self.epoch: Epoch | None = None
         self.pg: Any = None
         self.pending: Pending | None = None
@@ -115,6 +118,7 @@ class ElasticWorker:
         self.ready = kind == "core"
         self.update = replica.updates
         self.leaving = False
+        self.leave_reason: str | None = None
         self.left = False
         self.ticket = 0
         self.coordinator = False
@@ -200,7 +204,7 @@ class ElasticWorker:
         t0 = clock()
         tm: dict[str, float] = {}
         u = self.update + 1
-        tm["wait_group_s"] = self._maybe_switch(u)
+        self._donate_early(u)  # the staging copy runs while this update computes
         self.donor.tick()
         if not self.ready and self.catchup.error:
             if self.kind == "core":
@@ -208,12 +212,16 @@ class ElasticWorker:
             if not self.leaving:  # give up gracefully; the driver may add it again
                 log.warning("%s/%d: %s; leaving", self.id, self.rank, self.catchup.error)
                 self.leaving = True
+                self.leave_reason = self.catchup.error
         dropped: list[str] = []
         contributed = self.ready and bool(samples)
         t = clock()
         stats = self._compute(list(samples), old) if self.ready else grpo.LocalStats()
         tm["compute_s"] = clock() - t
+        # The next epoch's group was built in the background during the compute.
+        tm["wait_group_s"] = self._maybe_switch(u)
         while True:
+            t = clock()
             flat = self.bufs[u % 2]
             n = self.replica.grad_numel
             if self.ready:
@@ -221,6 +229,7 @@ class ElasticWorker:
             else:
                 flat[:n].zero_()
             flat[n:] = torch.tensor(self._control(stats))
+            tm["pack_s"] = clock() - t
             t = clock()
             failed = self._allreduce(flat)
             tm["allreduce_s"] = tm.get("allreduce_s", 0.0) + clock() - t
@@ -237,6 +246,7 @@ class ElasticWorker:
         gsq, votes = float(total[-3]), int(total[-1])
         became_ready = False
         norm = 0.0
+        t = clock()
         if self.ready:
             tm["wait_copy_s"] = self.donor.wait_copied()
             norm = self.replica.apply(flat[:n], s.tokens, gsq)
@@ -247,6 +257,7 @@ class ElasticWorker:
             self.ready_after_s = clock() - self.registered_at
         else:
             self.catchup.push(u, flat[:n].clone(), s.tokens, gsq)
+        tm["apply_s"] = clock() - t
         self.update = u
         res = self._result(u, s, norm, self.ready, contributed, tm, t0, dropped)
         res.became_ready = became_ready
@@ -342,6 +353,7 @@ class ElasticWorker:
         if not leaving and s.admit == 0:
             return
         name = f"e{ep.number + 1}"
+        self.next_spec = None
         if self.coordinator:
             ready = {ep.members[k].id for k in s.ready if k < len(ep.members)}
             spec = next_epoch(ep, leaving=leaving, joins=self._joins, ready=ready, start=u + 1)
@@ -353,8 +365,9 @@ class ElasticWorker:
             self._joins = []
         if self.id in leaving:
             self.left = res.left = True
+            res.reason = self.leave_reason
             return
-        self.pending = Pending(name, u + 1, self._builder(name))
+        self.pending = Pending(name, u + 1, self._builder(name), self.next_spec)
 
     def _builder(self, name: str) -> Background:
         return Background(lambda: self._build_named(name), f"build-{name}")
@@ -362,7 +375,7 @@ class ElasticWorker:
     def _admitted(self, name: str) -> None:
         spec = Epoch.from_json(wait_key(self.store, f"epoch/{name}", self.ecfg.timeout_s))
         self.next_spec = spec
-        self.pending = Pending(name, spec.start, self._builder(name))
+        self.pending = Pending(name, spec.start, self._builder(name), spec)
         self.update = spec.start - 1
         self.catchup.expect(token(spec, self.id, self.rank))
 
@@ -379,26 +392,45 @@ class ElasticWorker:
             ep.slot(self.id), len(ep.members), timeout_s=self.ecfg.timeout_s, host=self.host,
         )  # fmt: skip
 
-    def _maybe_switch(self, u: int) -> float:
-        if self.pending is None:
-            return 0.0
-        t = time.perf_counter()
-        spec, pg = self.pending.job.result(self.ecfg.timeout_s + 30)
-        if spec.start != u:
-            raise TrainerError(f"{self.id}: epoch {spec.name} starts at {spec.start}, not {u}")
-        self.switch(spec, pg)
-        return time.perf_counter() - t
+    def _donate_early(self, u: int) -> None:
+        """If an epoch starts with this update and names this rank a donor, queue its
+        jobs now so the staging copy overlaps the forward/backward."""
+        p = self.pending
+        if p is None or p.start != u or p.donated:
+            return
+        if p.spec is None:  # written by the coordinator right after the previous update
+            p.spec = Epoch.from_json(wait_key(self.store, f"epoch/{p.name}", self.ecfg.timeout_s))
+        self._donate(p.spec)
+        p.donated = True
 
-    def switch(self, spec: Epoch, pg: Any) -> None:
-        """Make `spec` current; hand donor jobs to the snapshot streamer."""
-        retire(self.pg)
-        self.epoch, self.pg, self.pending, self.next_spec = spec, pg, None, None
+    def _donate(self, spec: Epoch) -> None:
         jobs = [
             Job(token(spec, j, self.rank), spec.member(j).addrs[self.rank])
             for j in spec.recipients(self.id)
         ]
         if jobs:
             self.donor.add(jobs)
+
+    def _maybe_switch(self, u: int) -> float:
+        if self.pending is None:
+            return 0.0
+        t = time.perf_counter()
+        if self.pending.start > u:
+            return 0.0
+        if self.pending.start < u:
+            raise TrainerError(f"{self.id}: epoch {self.pending.name} was due at update "
+                               f"{self.pending.start}, now {u}")  # fmt: skip
+        donated = self.pending.donated
+        spec, pg = self.pending.job.result(self.ecfg.timeout_s + 30)
+        self.switch(spec, pg, donate=not donated)
+        return time.perf_counter() - t
+
+    def switch(self, spec: Epoch, pg: Any, *, donate: bool = True) -> None:
+        """Make `spec` current (and hand its donor jobs to the snapshot streamer)."""
+        retire(self.pg)
+        self.epoch, self.pg, self.pending, self.next_spec = spec, pg, None, None
+        if donate:
+            self._donate(spec)
 
     def rejoin_reset(self) -> None:
         """After leaving: forget the old membership so this process can register again
@@ -407,6 +439,7 @@ class ElasticWorker:
         self.pg, self.epoch, self.pending, self.next_spec = None, None, None, None
         self.ready = self.leaving = self.left = False
         self.ready_after_s = None
+        self.leave_reason = None
 
     def close(self) -> None:
         self.donor.close()
@@ -423,6 +456,8 @@ class Pending:
     name: str
     start: int
     job: Background
+    spec: Epoch | None = None
+    donated: bool = False
 
 
 __all__ = ["Dropped", "ElasticWorker", "StepResult", "TrainerError", "token"]

@@ -52,7 +52,7 @@ class Epoch:
     ready: frozenset[str]
     """Members whose state is current when the epoch starts."""
     donors: tuple[tuple[str, str], ...] = ()
-    """(catching-up member, donor) pairs: the donor streams its state at `start`."""
+    """(member, donor) pairs new in this epoch: the donor streams its state at `start`."""
     recoveries: int = 0
     """Failures recovered from so far (names the next recovery's store keys)."""
 
@@ -114,10 +114,12 @@ def assign_donors(
 def next_epoch(
     cur: Epoch, *, leaving: set[str], joins: list[Member], ready: set[str], start: int
 ) -> Epoch:
-    """The epoch after `cur`: leavers out, joiners appended (ticket order)."""
+    """The epoch after `cur`: leavers out, joiners appended (ticket order), a donor for
+    each joiner. A member still catching up from an earlier epoch keeps its snapshot in
+    flight (a leaving donor finishes streaming first), so it gets no new donor."""
     members = tuple(m for m in cur.members if m.id not in leaving) + tuple(joins)
     still = {m.id for m in members} & ready
-    needy = [m.id for m in members if m.id not in still]
+    needy = [m.id for m in joins]
     return Epoch(
         number=cur.number + 1,
         name=f"e{cur.number + 1}",

@@ -96,15 +96,22 @@ class Replica:
     def state_numel(self) -> int:
         return 3 * self.grad_numel
 
-    def set_updates(self, n: int) -> None:
-        self.updates = n
+    @property
+    def adam_step(self) -> float:
+        """Adam's own step count (behind `updates` by the no-op updates)."""
+        return float(self.optimizer.state[self.params[0]]["step"])
+
+    def set_counts(self, updates: int, adam_step: float) -> None:
+        """Set the update count and Adam's step (bias correction) from a snapshot."""
+        self.updates = updates
         for p in self.params:
-            self.optimizer.state[p]["step"].fill_(float(n))
+            self.optimizer.state[p]["step"].fill_(adam_step)
 
     def state_hash(self) -> str:
-        """blake2b of parameters + Adam state (+ update count) of this rank's shard."""
+        """blake2b of parameters + Adam state (moments, step) + update count of this
+        rank's shard."""
         h = hashlib.blake2b(digest_size=16)
-        h.update(str(self.updates).encode())
+        h.update(f"{self.updates}/{self.adam_step}".encode())
         for t in self.state_tensors():
             h.update(memoryview(t.detach().contiguous().view(torch.uint8).numpy()))  # type: ignore[arg-type]
         return h.hexdigest()

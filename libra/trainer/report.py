@@ -34,6 +34,9 @@ class MembershipEvent:
     stall_s: float = 0.0
     """Seconds the core spent on this change: waiting for new groups, for the snapshot
     staging copy, and in failure recovery (measured on the coordinator)."""
+    reason: str | None = None
+    """`left` without being asked: why the replica gave up (its snapshot did not arrive
+    within `elastic.max_catchup_mb`, or failed)."""
 
 
 @dataclass(slots=True)

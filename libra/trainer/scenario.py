@@ -164,7 +164,7 @@ def _scramble(w) -> None:
     with torch.no_grad():
         for t in w.replica.state_tensors():
             t.copy_(torch.randn(t.shape, generator=g))
-    w.replica.set_updates(0)
+    w.replica.set_counts(0, 7.0)
 
 
 def _hybrid(plan: MemberPlan, w, store, record) -> None:

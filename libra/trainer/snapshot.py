@@ -16,7 +16,7 @@ thread keeps taking part in every all-reduce and queues each averaged gradient; 
 the snapshot is in, this thread replays them through the same `Replica.apply` the
 live replicas ran, and the joiner is current.
 
-Wire format: one JSON header line (`token`, `updates`, `numel`, `layout`), then
+Wire format: one JSON header line (`token`, `updates`, `adam_step`, `numel`, `layout`), then
 `numel` float32 values in the `Replica.state_tensors` order.
 """
 
@@ -88,9 +88,9 @@ class Donor:
         self.pending.clear()
         log.info("snapshot of update %d for %s", self.replica.updates, [j.token for j in jobs])
         self.copied.clear()
-        updates = self.replica.updates
+        counts = (self.replica.updates, self.replica.adam_step)
         self._thread = threading.Thread(
-            target=self._run, args=(jobs, updates), name="snapshot-send", daemon=True
+            target=self._run, args=(jobs, *counts), name="snapshot-send", daemon=True
         )
         self._thread.start()
 
@@ -117,7 +117,7 @@ class Donor:
         if self._thread is not None:
             self._thread.join(self.timeout_s)
 
-    def _run(self, jobs: list[Job], updates: int) -> None:
+    def _run(self, jobs: list[Job], updates: int, adam_step: float) -> None:
         try:
             off = 0
             for t in self.replica.state_tensors():
@@ -128,14 +128,15 @@ class Donor:
             self.copied.set()
         for job in jobs:
             t0 = time.perf_counter()
-            ok = self._send(job, updates)
+            ok = self._send(job, updates, adam_step)
             self.sent.append((job.token, ok, time.perf_counter() - t0))
 
-    def _send(self, job: Job, updates: int) -> bool:
+    def _send(self, job: Job, updates: int, adam_step: float) -> bool:
         host, port = job.addr.rsplit(":", 1)
         header = {
             "token": job.token,
             "updates": updates,
+            "adam_step": adam_step,
             "numel": self.staging.numel(),
             "layout": layout_signature(self.replica),
         }

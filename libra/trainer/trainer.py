@@ -320,7 +320,9 @@ class ElasticTrainer:
                 continue
             if res.left:
                 st.state = "left"
-                self._events.append(MembershipEvent("left", rid, res.update, stall_s=stall))
+                self._events.append(
+                    MembershipEvent("left", rid, res.update, stall_s=stall, reason=res.reason)
+                )
                 self._reap(rid)
             elif res.became_ready:
                 st.state = "ready"

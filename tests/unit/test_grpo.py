@@ -245,3 +245,40 @@ def test_old_logprobs_make_the_ratio_active(model):
     with torch.no_grad():
         for p, s in zip(model.parameters(), saved, strict=True):
             p.copy_(s)
+
+
+def test_bfloat16_autocast_matches_float32_gradients(model):
+    cfg = GRPOConfig()
+    batch = samples(3, 4)
+    model.zero_grad(set_to_none=False)
+    grpo.backward(model, batch, cfg)
+    g32 = _grads(model)
+    model.zero_grad(set_to_none=False)
+    grpo.backward(model, batch, cfg, dtype="bfloat16")
+    g16 = _grads(model)
+    assert torch.isfinite(g16).all() and not torch.equal(g16, g32)  # it did run in bf16
+    assert (g16 - g32).norm() / g32.norm() < 0.05
+
+
+def test_replica_update_divides_clips_and_skips_empty_updates(tmp_path):
+    from libra.trainer.config import TrainerConfig
+    from libra.trainer.replica import Replica, sumsq
+    from tests.integration.test_elastic_helpers import micro_model
+
+    folder = micro_model(tmp_path / "m")
+    cfg = TrainerConfig(model=str(folder), optim={"lr": 0.1, "warmup_updates": 4,
+                                                  "max_grad_norm": 0.5})  # fmt: skip
+    r = Replica(cfg)
+    flat = torch.randn(r.grad_numel, generator=torch.Generator().manual_seed(0))
+    before = r.state_hash()
+    assert r.apply(flat, 0, sumsq(flat)) == 0.0  # no tokens anywhere: a no-op update
+    assert r.updates == 1 and r.state_hash() != before  # only the count moved
+    params = [p.detach().clone() for p in r.params]
+    norm = r.apply(flat, 10, sumsq(flat))
+    assert norm == pytest.approx(float(flat.norm()) / 10, rel=1e-5)
+    assert r.lr_at(2) == pytest.approx(0.05) and r.lr_at(9) == pytest.approx(0.1)
+    moved = torch.cat([(p.detach() - q).reshape(-1) for p, q in zip(r.params, params, strict=True)])
+    # Adam's first step moves every coordinate by lr * sign-ish(g): |step| <= lr(2) * 1.0
+    assert moved.abs().max() <= 0.05 * 1.0001 and moved.abs().max() > 0.04
+    # the no-op update counts as an update but not as an Adam step (no bias-correction move)
+    assert r.adam_step == 1 and all(float(r.optimizer.state[p]["step"]) == 1 for p in r.params)

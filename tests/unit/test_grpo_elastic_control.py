@@ -47,6 +47,10 @@ def test_next_epoch_and_donors_prefer_ready_hybrids():
     h2, h3 = (Member(f"h{i}", "hybrid", i, ("127.0.0.1:2",)) for i in (2, 3))
     e2 = next_epoch(e1, leaving=set(), joins=[h2, h3], ready={"c0", "c1", "h1"}, start=9)
     assert e2.donors == (("h2", "h1"), ("h3", "c0"))  # a ready hybrid first, then spread
+    # h2 still catching up when h4 joins: its snapshot is in flight, so only h4 gets a donor
+    h4 = Member("h4", "hybrid", 4, ("127.0.0.1:4",))
+    e2b = next_epoch(e2, leaving=set(), joins=[h4], ready={"c0", "c1", "h1", "h3"}, start=10)
+    assert e2b.donors == (("h4", "h1"),) and "h2" not in e2b.ready
     e3 = next_epoch(e2, leaving={"h1"}, joins=[], ready={"c0", "c1", "h2", "h3"}, start=12)
     assert e3.ids() == ["c0", "c1", "h2", "h3"] and e3.donors == ()
     assert Epoch.from_json(e2.to_json()) == e2
