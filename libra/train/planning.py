@@ -12,9 +12,13 @@ workload just measured:
   lengths assigned to them by the planner's dynamic program;
 - asynchronous RL: t_iter = max(t_rollout, t_train).
 
-The candidate is the fastest assignment; `ReplanPolicy.decide` applies it only when it
-is faster by the hysteresis band and its gain over the remaining steps beats the
-reconfiguration cost (measured: engine start, drain, trainer join), with a cooldown.
+Calibration: the model's times for the assignment that just ran are compared with the
+measured training and rollout times of the step, and every option's times are scaled by
+those two factors (`calibration`): the model ranks the options, the run's measurements
+set the scale. The candidate is the fastest calibrated assignment; `ReplanPolicy.decide`
+applies it only when it is faster by the hysteresis band and its gain over the remaining
+steps beats the reconfiguration cost (measured: engine start, drain, trainer join), with
+a cooldown.
 """
 
 from __future__ import annotations
@@ -178,7 +182,11 @@ class Replanner:
         trigger = self.policy.should_replan(signals)
         if trigger is None:
             return None
-        best, plan, plans = self.best(work)
+        _, _, modelled = self.best(work)
+        scale = calibration(modelled[self.current.train], signals)
+        plans = {k: Timed.of(p, scale) for k, p in modelled.items()}
+        k = min(plans, key=lambda i: (plans[i].t_iter, abs(i - self.current.train)))
+        best, plan = Assignment(k, self.shape.hybrids), plans[k]
         current = plans[self.current.train]
         cost = switch_cost(self.current, best, self.shape, costs)
         d = self.policy.decide(
@@ -194,6 +202,7 @@ class Replanner:
                 "waiting_episodes": signals.waiting_episodes,
             },
             "options": {k: _times(p) for k, p in plans.items()},
+            "calibration": {"train": scale[0], "rollout": scale[1]},
         }
         self.log.append(_finite(entry))
         if d.apply:
@@ -201,11 +210,41 @@ class Replanner:
         return d, best
 
 
-def _times(p: Plan) -> dict[str, float]:
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """A plan's times after calibration to this run's measurements."""
+
+    t_train: float
+    t_rollout: float
+
+    @property
+    def t_iter(self) -> float:
+        return max(self.t_train, self.t_rollout)  # asynchronous RL
+
+    @classmethod
+    def of(cls, p: Plan, scale: tuple[float, float]) -> Timed:
+        return cls(p.t_train * scale[0], p.t_rollout * scale[1])
+
+
+def calibration(current: Plan, signals: Signals) -> tuple[float, float]:
+    """(train, rollout) factors measured / modelled for the assignment that ran this
+    step. The cost model ranks assignments; the measurements fix its scale on this
+    machine (on 2 shared cores the model's per-device times are off by several times,
+    and not by the same factor on both sides). 1.0 where nothing was measured."""
+
+    def ratio(measured: float, modelled: float) -> float:
+        if measured > 0 and modelled > 0 and math.isfinite(modelled):
+            return measured / modelled
+        return 1.0
+
+    return ratio(signals.train_s, current.t_train), ratio(signals.rollout_s, current.t_rollout)
+
+
+def _times(p: Plan | Timed) -> dict[str, float]:
     return {"t_iter_s": p.t_iter, "t_rollout_s": p.t_rollout, "t_train_s": p.t_train}
 
 
-def _describe(a: Assignment, p: Plan) -> dict[str, Any]:
+def _describe(a: Assignment, p: Plan | Timed) -> dict[str, Any]:
     return {"hybrids_training": a.train, "hybrids_rollout": a.rollout, **_times(p)}
 
 

@@ -124,7 +124,8 @@ def write_plots(out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [r["reward"] for r in rows], marker=".", label="training reward (per step)")
-    val = [(r["val_version"], r["val_reward"]) for r in rows if r.get("val_step") == r["step"]]
+    events = read_rows(out / "events.jsonl")
+    val = sorted({e["version"]: e["reward"] for e in events if e["event"] == "validation"}.items())
     if val:
         ax.plot(*zip(*val, strict=True), marker="o", label="held-out validation")
     ax.set(xlabel="step (policy version)", ylabel="mean reward", ylim=(-0.02, 1.02), title="Reward")

@@ -80,6 +80,11 @@ class _Stop:
 async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
     """Run (or resume) the training job `cfg`; returns the summary."""
     t0, cpu0 = time.time(), _cpu()
+    if cfg.fleet.kind != "embedded":
+        raise ConfigError(
+            f"fleet.kind = {cfg.fleet.kind!r}: this version runs embedded (CPU) fleets only; "
+            "plan a GPU fleet with --dry-run (docs/train.md, 'GPU configs')"
+        )
     out, state = prepare_out(cfg, fresh=fresh)
     report = Report(out, tensorboard=cfg.report.tensorboard)
     display = Display(cfg.report.display)

@@ -1,0 +1,205 @@
+"""`libra train` end to end on loopback: real embedded engines, the real elastic trainer,
+the real `arith` env and tools; a small config so it takes about two minutes.
+
+One run is interrupted with Ctrl-C (SIGINT) after its first step and then resumed to the
+end by the same command, as a user would; the checks read what the run leaves behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from libra.errors import ConfigError
+from libra.train import load_config
+from tests.conftest import ROOT
+
+CONFIG = f"""
+out = "{{out}}"
+seed = 3
+steps = 12
+
+[model]
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 2
+max_position_embeddings = 1024
+
+[data]
+env = "arith"
+train = "{ROOT}/examples/data/arith-train.jsonl"
+val = "{ROOT}/examples/data/arith-val.jsonl"
+
+[rollout]
+group_size = 4
+batch_groups = 2
+max_staleness = 1
+concurrency = 16
+
+[rollout.sampling]
+max_tokens = 40
+
+[rollout.dynamic_sampling]
+max_replacements = 2
+
+[sft]
+steps = 20
+demos = 48
+target = 0.9
+
+[validation]
+every = 2
+tasks = 8
+
+[fleet]
+hybrid_start = "rollout"
+
+[planner.replan]
+every_steps = 1
+cooldown_steps = 0
+gain_cost_ratio = 1.0
+
+[report]
+display = "lines"
+checkpoint_every = 1
+"""
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (by walking /proc's parent links)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.add(p)
+    return out
+
+
+def libra_train(config: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "libra", "train", str(config), *extra]
+
+
+@pytest.mark.timeout(900)
+def test_train_interrupt_resume_and_report(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    config = tmp_path / "train.toml"
+    config.write_text(CONFIG.replace("{out}", str(out)))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    # 1. start, Ctrl-C after the first step: a checkpoint, exit 130, no process left
+    log1 = tmp_path / "first.log"
+    with open(log1, "wb") as f:
+        proc = subprocess.Popen(libra_train(config), stdout=f, stderr=subprocess.STDOUT, env=env)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 600
+        while not ((out / "metrics.jsonl").is_file() and rows(out / "metrics.jsonl")):
+            assert proc.poll() is None, log1.read_text()
+            assert time.monotonic() < deadline, "no step within 600 s"
+            seen |= descendants(proc.pid)
+            time.sleep(0.5)
+        seen |= descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log1.read_text()
+    assert code == 130, text
+    assert "interrupted" in text
+    assert len(seen) >= 3  # two engines and a trainer process at least
+    deadline = time.monotonic() + 10
+    while alive(seen) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(seen), f"left running after Ctrl-C: {alive(seen)}"
+    state = orjson.loads((out / "state.json").read_bytes())
+    stopped_at = state["version"]
+    assert stopped_at >= 1
+    assert (out / "checkpoint" / "config.json").is_file()
+
+    # 2. the same command resumes from the checkpoint and finishes
+    done = subprocess.run(libra_train(config), capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resuming run in {out} at step {stopped_at}" in done.stderr
+
+    metrics = rows(out / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == list(range(1, 13))
+    for r in metrics:
+        assert {"step", "reward", "val_reward", "tokens_per_s", "roles"} <= r.keys()
+        assert r["staleness_max"] <= 1  # bounded staleness, enforced at admission
+        assert r["stale_dropped"] == 0  # ... so the trainer never had to drop a record
+        assert r["groups"] == 2
+    assert any(r["val_reward"] is not None for r in metrics)
+
+    # every turn records the weights version that produced it; versions advance
+    trajectories = rows(out / "trajectories.jsonl")
+    versions = {t["policy_version"] for rec in trajectories for t in rec["turns"]}
+    assert versions >= {0, 1, 2, 3}
+
+    # the planner moved the hybrid: it starts serving rollouts, but training takes
+    # several times the rollout here, and a second replica pays its measured cost back
+    decisions = rows(out / "decisions.jsonl")
+    assert len(decisions) >= 10  # every step replans (every_steps = 1), each one logged
+    for d in decisions:
+        assert {"predicted_gain_s", "reconfig_cost_s", "reason", "calibration"} <= d.keys()
+    applied = [d for d in decisions if d["apply"]]
+    assert applied, [d["reason"] for d in decisions]
+    for d in applied:
+        assert d["predicted_gain_s"] > d["reconfig_cost_s"] > 0
+    events = rows(out / "events.jsonl")
+    switches = [e for e in events if e["event"] == "switch-done"]
+    assert switches and switches[0]["to"] == "train"
+    assert any(r["roles"].get("train") == 2 for r in metrics)
+
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["outcome"] == "done" and summary["steps"] == 12
+    for name in ("reward", "throughput", "roles"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000
+
+
+def test_bad_config_fails_at_load_with_the_field_path(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rollout]\ngroup_size = 1\n")
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        load_config(bad)
+    bad.write_text("[fleet]\nhybrdis = 1\n")
+    r = subprocess.run(libra_train(bad), capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2
+    assert "fleet.hybrdis" in r.stderr and "Traceback" not in r.stderr
