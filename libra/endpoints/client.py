@@ -8,6 +8,8 @@ connection errors, timeouts) and final (other 4xx, malformed bodies).
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +34,7 @@ class RetriableError(EndpointError):
 
 def completion_body(
     model: str | None,
-    prompt_ids: list[int],
+    prompt_ids: Sequence[int],
     *,
     max_tokens: int,
     temperature: float,
@@ -43,7 +45,7 @@ def completion_body(
     stop_token_ids: list[int],
 ) -> bytes:
     body: dict[str, Any] = {
-        "prompt": prompt_ids,
+        "prompt": prompt_ids.tolist() if isinstance(prompt_ids, array) else list(prompt_ids),
         "max_tokens": max_tokens,
         "temperature": temperature,
         "top_p": top_p,

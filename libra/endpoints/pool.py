@@ -333,7 +333,7 @@ class EndpointPool:
     async def generate(
         self,
         bucket: str,
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],
         *,
         max_tokens: int,
         temperature: float,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,15 +62,19 @@ class _Ended(Exception):
 
 @dataclass(slots=True)
 class _State:
-    """Mutable per-episode bookkeeping, turned into a Trajectory at the end."""
+    """Mutable per-episode bookkeeping, turned into a Trajectory at the end.
+
+    Token ids, mask and log-probs live in typed arrays, not lists: the garbage collector
+    does not traverse them, so with thousands of episodes in flight its full passes stay
+    short (a list of ints is walked item by item on every one)."""
 
     spec: EpisodeSpec
-    prompt_ids: list[int]
-    context: list[int]
+    prompt_ids: array[int]
+    context: array[int]
     bucket: str
-    response: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    response: array[int] = field(default_factory=lambda: array("i"))
+    mask: array[int] = field(default_factory=lambda: array("b"))
+    logprobs: array[float] = field(default_factory=lambda: array("d"))
     turns: list[Turn] = field(default_factory=list)
     migrations: list[Migration] = field(default_factory=list)
     tool_states: list[ToolState] = field(default_factory=list)
@@ -82,8 +87,8 @@ class _State:
     def append(self, ids: Sequence[int], lps: Sequence[float] | None, model: bool) -> None:
         self.context.extend(ids)
         self.response.extend(ids)
-        self.mask.extend([1 if model else 0] * len(ids))
-        self.logprobs.extend(lps if lps is not None else [0.0] * len(ids))
+        self.mask.extend(array("b", (1 if model else 0,)) * len(ids))
+        self.logprobs.extend(lps if lps is not None else array("d", (0.0,)) * len(ids))
 
 
 class EpisodeRunner:
@@ -206,7 +211,7 @@ class EpisodeRunner:
         n = len(prompt_ids)
         state = EpisodeState(spec.id, spec.task_id, n, n, (), "", 0, tuple(prompt_ids))
         bucket = self.policy.on_start(state)
-        st = _State(spec, prompt_ids, list(prompt_ids), bucket)
+        st = _State(spec, array("i", prompt_ids), array("i", prompt_ids), bucket)
         st.messages.extend(messages)
         return st
 
@@ -406,11 +411,11 @@ class EpisodeRunner:
         )
         if st is not None:
             rec.answer = st.answer
-            rec.prompt_token_ids = st.prompt_ids
+            rec.prompt_token_ids = st.prompt_ids.tolist()
             rec.prompt_tokens = len(st.prompt_ids)
-            rec.response_token_ids = st.response
-            rec.loss_mask = st.mask
-            rec.logprobs = st.logprobs
+            rec.response_token_ids = st.response.tolist()
+            rec.loss_mask = st.mask.tolist()
+            rec.logprobs = st.logprobs.tolist()
             rec.total_tokens = len(st.context)
             rec.turns = st.turns
             rec.migrations = st.migrations
