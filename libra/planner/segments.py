@@ -80,6 +80,15 @@ class SegmentModel:
         self._upper = np.arange(nb)[None, :] >= np.arange(nb + 1)[:, None]  # bin b >= j
         self._inf_col = np.full((nb + 1, 1), _INF)
         self._diag = np.eye(nb + 1, dtype=bool)
+        # (bin, segment) membership pairs, grouped by segment (j, i), for the critical
+        # path's inversion: a reduction per segment over its own bins only.
+        seg_j, seg_i = np.nonzero(self.valid)
+        width = seg_i - seg_j
+        self._pj = np.repeat(seg_j, width)
+        self._pi = np.repeat(seg_i, width)
+        starts = np.concatenate([[0], np.cumsum(width)[:-1]])
+        self._pb = np.arange(int(width.sum())) - np.repeat(starts, width) + self._pj
+        self._seg_j, self._seg_i, self._starts = seg_j, seg_i, starts
         self._pre_cache: dict[int, dict[str, Any]] = {}
         batches = np.arange(max_num_seqs + 1, dtype=float)
         self._wread_table = [
@@ -243,6 +252,17 @@ class SegmentModel:
             j3, i3 = self._j[:, :, None], self._i[:, :, None]
             pre["work_tab"] = np.where(over, _INF, self._work(t, qs, (j3, i3)))
             pre["step_tab"] = np.where(over, _INF, self._step(t, qs, r[:, :, None]))
+        pj, pi, pb = self._pj, self._pi, self._pb
+        gm_p = self.gen_max[pb]
+        pre |= {
+            "p_gm": gm_p,
+            "p_step_cap": pre["step_cap"][pj, pi],
+            "p_scale": gm_p / np.maximum(g[pj, pi], 1e-30),
+        }
+        if ic.experts:
+            pre["p_step_tab"] = pre["step_tab"][pj, pi]
+        else:
+            pre |= {"p_ca_inv": pre["ca_inv"][pj, pi], "p_cb_inv": pre["cb_inv"][pj, pi]}
         self._pre_cache[t] = pre
         return pre
 
@@ -266,40 +286,36 @@ class SegmentModel:
 
         Bin b's line allows the step time lim_b = (tau - other_max[b]) / gen_max[b]; it
         does not bind when a full batch's step fits it, else the batch allowed a_b (>= 1,
-        or nothing fits) bounds the load at a_b x gen_max[b] / mean generated."""
+        or nothing fits) bounds the load at a_b x gen_max[b] / mean generated. Evaluated
+        on (bin, segment) pairs and reduced per segment."""
         ic, pre = self.types[t], self._pre(t)
         gm, om = self.gen_max, self.other_max[t]
         with np.errstate(divide="ignore", invalid="ignore"):
             lim = np.where(gm > 0, (tau - om) / gm, np.where(om <= tau, _INF, -_INF))
-        lim3 = lim[:, None, None]
-        at_cap = pre["step_cap"][None]
-        free = (at_cap < lim3) if strict else (at_cap <= lim3)
+        pb = self._pb
+        lim_p = lim[pb]
+        at_cap = pre["p_step_cap"]
+        free = ((at_cap < lim_p) if strict else (at_cap <= lim_p)) | (pre["p_gm"] <= 0)
         if ic.experts:
-            tab = pre["step_tab"]  # (nb+1, nb+1, batches): monotone in the batch
-            ok = (tab[None] < lim[:, None, None, None]) if strict else (
-                tab[None] <= lim[:, None, None, None])  # fmt: skip
+            tab = pre["p_step_tab"]  # (pairs, batches): monotone in the batch
+            ok = (tab < lim_p[:, None]) if strict else (tab <= lim_p[:, None])
             a = ok.sum(axis=-1).astype(float)
             # The forward step reads the weights of the floored batch, so the batch
-            # allowed lies in [a, a + 1): where the line binds, the forward function
+            # allowed lies in [a, a + 1): where a line binds, the forward function
             # settles the load.
-            edge = a >= 1.0
+            edge = ~free & (a >= 1.0)
         else:
             a = np.minimum(
-                (lim3 - pre["ca_off"]) * pre["ca_inv"][None],
-                (lim3 - pre["cb_off"]) * pre["cb_inv"][None],
+                (lim_p - pre["ca_off"]) * pre["p_ca_inv"], (lim_p - pre["cb_off"]) * pre["p_cb_inv"]
             )
-            with np.errstate(invalid="ignore"):
-                edge = np.abs(a - np.round(a)) <= 1e-7 * np.maximum(1.0, np.abs(a))
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            per_ep = np.maximum(pre["g"], 1e-30)[None]
-            bound = np.where(a >= 1.0, a * gm[:, None, None] / per_ep, -_INF)
-        bound = np.where(free | (gm[:, None, None] <= 0), np.where(lim3 >= 0, _INF, -_INF),
-                         bound)  # fmt: skip
-        x = np.where(self._member, bound, _INF).min(axis=0)
-        with np.errstate(invalid="ignore"):
-            near = np.abs(at_cap - lim3) <= 1e-9 * np.abs(at_cap)
-        risk = (self._member & (near | (edge & ~free))).any(axis=0)
-        x[~self.valid] = _INF
+            edge = np.abs(at_cap - lim_p) <= 1e-9 * np.abs(at_cap)
+        with np.errstate(invalid="ignore", over="ignore"):
+            bound = np.where(a >= 1.0, a * pre["p_scale"], -_INF)
+        bound = np.where(free, np.where(lim_p >= 0, _INF, -_INF), bound)
+        x = np.full(self.valid.shape, _INF)
+        x[self._seg_j, self._seg_i] = np.minimum.reduceat(bound, self._starts)
+        risk = np.zeros(self.valid.shape, dtype=bool)
+        risk[self._seg_j, self._seg_i] = np.logical_or.reduceat(edge, self._starts)
         return x, risk
 
     def _settle(

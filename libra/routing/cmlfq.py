@@ -154,7 +154,7 @@ class CMLFQPolicy:
         item = (record.step, record.task_id, path, max(0, total - record.prompt_tokens), total)
         if self.config.update == "online":
             self._insert(item)
-            self.tree.refresh()
+            self.tree.refresh(self.config.min_samples)
             return
         # A record of a later step closes the earlier steps still pending, so the
         # tree keeps learning even if the engine never calls `end_step`.
@@ -175,7 +175,7 @@ class CMLFQPolicy:
             else:
                 keep.append(item)
         self._pending = keep
-        self.tree.refresh()
+        self.tree.refresh(self.config.min_samples)
 
     def _insert(self, item: _Pending) -> None:
         _, task_id, path, start_remaining, total = item

@@ -102,12 +102,15 @@ class PrefixTree:
         if self.nodes > self.max_nodes:
             self._evict()
 
-    def refresh(self) -> None:
+    def refresh(self, min_samples: int = 1) -> None:
         """Precompute the statistics of the nodes changed since the last refresh, so
-        that lookups (the routing hot path) never pay for it."""
+        that lookups (the routing hot path) never pay for it. Nodes with fewer than
+        `min_samples` episodes are skipped: `lookup` never reads them (their statistics
+        are computed on demand if something else does)."""
         for node in self._touched:
-            node.rem.summary()
-            node.total.summary()
+            if node.rem.count >= min_samples:
+                node.rem.summary()
+                node.total.summary()
         self._touched = []
 
     def _evict(self) -> None:
