@@ -202,7 +202,18 @@ class _Search:
                 break  # cannot happen if inversion and forward agree
             found = better
         g, segs = found
-        return g, self.roll.solve(self.G - g, hint=self.roll.plan_of(segs).time_s)
+        roll = self.roll.solve(self.G - g, hint=self.roll.plan_of(segs).time_s)
+        return self._spare_to_training(g, roll), roll
+
+    def _spare_to_training(self, g: int, roll: RolloutPlan) -> int:
+        """GPUs neither side needs to meet T_iter (rollout bound by tool waits or by its
+        longest episode) go to training when they make its step faster: the same T_iter,
+        with slack for batches whose rollout is shorter than the planned one."""
+        t = self.train.time(g)
+        for more in range(self.G - max(roll.gpus, self.min_roll), g, -1):
+            if self.train.time(more) < t:
+                return more
+        return g
 
     # --- synchronous -----------------------------------------------------------------------
     def _sync_total(self, g: int) -> float:
