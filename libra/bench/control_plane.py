@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import subprocess
@@ -76,11 +77,22 @@ def _rss_mb() -> float:
 
 
 class LagMonitor:
-    """Samples event-loop lag (how late a 10 ms sleep wakes up) and peak RSS."""
+    """Samples event-loop lag (how late a 10 ms sleep wakes up), peak RSS, and the
+    garbage collector's full passes (each one stops the loop)."""
 
     def __init__(self) -> None:
         self.lags: list[float] = []
         self.peak_rss = 0.0
+        self.full_gc_s: list[float] = []
+        self._gc_t0 = 0.0
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.full_gc_s.append(time.perf_counter() - self._gc_t0)
 
     async def run(self) -> None:
         while True:
@@ -146,6 +158,7 @@ async def _libra_turns(
             per_turn.append(rec.timings.total_s / max(1, len(rec.turns)))
 
         base_rss = _rss_mb()
+        gc.callbacks.append(monitor.on_gc)
         mon = asyncio.create_task(monitor.run())
         t0 = time.perf_counter()
         cpu0 = time.process_time()
@@ -156,6 +169,7 @@ async def _libra_turns(
             wall = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
             mon.cancel()
+            gc.callbacks.remove(monitor.on_gc)
             sink.close()
     figures = {
         "episodes": episodes,
@@ -168,6 +182,9 @@ async def _libra_turns(
         "cpu_us_per_turn": cpu / (episodes * turns) * 1e6,
         "loop_lag_p50_ms": _percentile(monitor.lags, 0.5) * 1e3,
         "loop_lag_p99_ms": _percentile(monitor.lags, 0.99) * 1e3,
+        "loop_lag_max_ms": max(monitor.lags, default=0.0) * 1e3,
+        "full_gc_passes": len(monitor.full_gc_s),
+        "full_gc_ms_max": max(monitor.full_gc_s, default=0.0) * 1e3,
         "rss_base_mb": base_rss,
         "rss_peak_mb": monitor.peak_rss,
         "rss_per_episode_kb": (monitor.peak_rss - base_rss) * 1024 / episodes,
