@@ -15,8 +15,6 @@ import asyncio
 import gc
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +23,10 @@ from typing import Any
 import aiohttp
 
 import libra
+from libra.bench import instant_server
 from libra.chat import ChatTokenizer
 from libra.endpoints.client import completion_body
 from libra.endpoints.config import EndpointConfig, SamplingConfig
-from libra.endpoints.launch import free_port
 from libra.endpoints.pool import EndpointPool
 from libra.rollout.batch import run_episodes
 from libra.rollout.config import LimitsConfig
@@ -236,40 +234,10 @@ async def _bench(url: str, model: Path, args: argparse.Namespace, tmp: Path) -> 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="libra-bench-cp-") as d:
-        tmp = Path(d)
-        if args.model:
-            model = Path(args.model)
-        else:
-            from libra.engine.model_maker import make_model
-
-            model = make_model(tmp / "model", seed=0)
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "libra.bench.instant_server", "--model", str(model),
-             "--port", str(port), "--turns", str(args.turns)],
-        )  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait(url, server)
-            result = run_sync(_bench(url, model, args, tmp))
-        finally:
-            server.terminate()
-            server.wait(10)
+    with (
+        tempfile.TemporaryDirectory(prefix="libra-bench-cp-") as d,
+        instant_server.running(args.model, args.turns) as (url, model),
+    ):
+        result = run_sync(_bench(url, model, args, Path(d)))
     result["turns_per_episode"] = args.turns
     return result
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"instant server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("instant server did not start in 60 s")

@@ -10,6 +10,14 @@ holds fewer than `--turns - 1` tool responses it returns a `noop` tool call, the
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -95,6 +103,44 @@ def main() -> None:
         access_log=None,
         backlog=4096,
     )
+
+
+@contextmanager
+def running(model: str | Path | None, turns: int) -> Iterator[tuple[str, Path]]:
+    """Start this server in its own process; yield (its URL, the model folder). Without
+    `model`, a fresh tiny model is made in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="libra-instant-") as d:
+        if model is None:
+            from libra.engine.model_maker import make_model
+
+            model = make_model(Path(d) / "model", seed=0)
+        from libra.endpoints.launch import free_port
+
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "libra.bench.instant_server", "--model", str(model),
+             "--port", str(port), "--turns", str(turns)],
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait(url, server)
+            yield url, Path(model)
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"instant server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("instant server did not start in 60 s")
 
 
 if __name__ == "__main__":

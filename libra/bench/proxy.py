@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +25,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from libra.bench.control_plane import NoopEnv, _wait, noop
+from libra.bench import instant_server
+from libra.bench.control_plane import NoopEnv, noop
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import EndpointConfig, SamplingConfig
-from libra.endpoints.launch import free_port
 from libra.endpoints.pool import EndpointPool
 from libra.proxy.agent import AgentEnv
 from libra.proxy.runner import AgentRunner
@@ -201,25 +198,8 @@ async def _bench(url: str, model: Path, args: argparse.Namespace) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="libra-bench-proxy-") as d:
-        if args.model:
-            model = Path(args.model)
-        else:
-            from libra.engine.model_maker import make_model
-
-            model = make_model(Path(d) / "model", seed=0)
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "libra.bench.instant_server", "--model", str(model),
-             "--port", str(port), "--turns", str(args.turns)],
-        )  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait(url, server)
-            result = run_sync(_bench(url, model, args))
-        finally:
-            server.terminate()
-            server.wait(10)
+    with instant_server.running(args.model, args.turns) as (url, model):
+        result = run_sync(_bench(url, model, args))
     result["config"] = {k: getattr(args, k) for k in ("turns", "latency_episodes", "episodes",
                                                       "concurrency", "rounds")}  # fmt: skip
     return result
