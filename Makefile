@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 setup: $(VENV)/.installed
 
 run: setup
-	$(VENV)/bin/libra rollout examples/cpu-rollout.toml
+	$(VENV)/bin/libra train examples/cpu-train.toml
 
 test: setup
 	$(PY) -m pytest -q

@@ -112,9 +112,9 @@ class SFTSection(Config):
     """Demonstrations per step."""
     lr: float = Field(3e-3, gt=0)
     """Peak learning rate (AdamW, linear warm-up over 20 steps)."""
-    target: float | None = Field(0.3, gt=0, le=1)
+    target: float | None = Field(None, gt=0, le=1)
     """Stop early once the held-out demonstrations' mean sequence probability at
-    temperature 1 reaches this (None: run all `steps`)."""
+    temperature 1 reaches this (unset: run all `steps`)."""
     demos: int = Field(1024, ge=1)
     """Demonstrations generated from the training tasks (sampled with replacement)."""
     expert: str | None = None

@@ -112,10 +112,11 @@ async def warm_start(
 
     def progress(p: SFTProgress) -> None:
         prob = "-" if p.seq_prob is None else f"{p.seq_prob:.2f}"
-        view.note = (
-            f"step {p.step}/{p.steps}  loss {p.loss:.3f}  P(demo) {prob} (stops at {s.target})"
-        )
+        stop = f" (stops at {s.target})" if s.target is not None else ""
+        view.note = f"step {p.step}/{p.steps}  loss {p.loss:.3f}  P(demo) {prob}{stop}"
         loop.call_soon_threadsafe(display.draw, view)
+        if display.mode == "lines" and p.step % 100 == 0:
+            loop.call_soon_threadsafe(display.line, f"warm start: {view.note}")
 
     def fit() -> Any:
         import torch
