@@ -11,10 +11,15 @@ Per cycle, from the coordinator's (core replica 0's) own step times:
 - join window: from the update that admits the hybrid through its first real gradient;
   leave window: the update carrying its leave flag and the next (the epoch switch);
 - `join_stall_ratio` / `leave_stall_ratio`: the window's slowest core step divided by the
-  median core step outside all windows (the worst cycle is reported; goal <= 1.3);
+  median core step outside all windows (the worst cycle is reported, and the median
+  cycle as `*_median`; goal <= 1.3);
   `*_same_members`: each window step against the median steady step with the same
   number of members (separates the join's own cost from the cost of one more replica
   in the all-reduce, and from a third process sharing this machine's cores);
+- `steady_window_ratio`: the same statistic for windows without any membership change
+  (the median, over every run of consecutive steady updates as long as the median join
+  window, of its slowest step / the median step): what the stall ratios would read if
+  joining cost nothing, i.e. this machine's step-time noise;
 - `join_latency_s`: registration to the update after which it contributes real gradients
   (median over cycles);
 - `hash_mismatches`: updates at which replicas' parameter + optimizer hashes differ
@@ -178,6 +183,12 @@ def analyse(logs: dict[str, list[dict]], coordinator: str, args: argparse.Namesp
         if u not in excluded:
             by_members.setdefault(len(core[u]["members"]), []).append(ms)
     same = {k: statistics.median(v) for k, v in by_members.items()}
+    span = round(statistics.median(len(w["join"]) for w in windows))
+    runs = [
+        max(step_ms[v] for v in range(u, u + span)) / median
+        for u in step_ms
+        if all(v in step_ms and v not in excluded for v in range(u, u + span))
+    ]
 
     def vs_same(us: list[int]) -> float:
         """Worst step of the window against steady steps of the same membership size."""
@@ -215,8 +226,15 @@ def analyse(logs: dict[str, list[dict]], coordinator: str, args: argparse.Namesp
         },
         "join_stall_ratio": max(c["join_stall_ratio"] for c in cycles),
         "leave_stall_ratio": max(c["leave_stall_ratio"] for c in cycles),
+        "join_stall_ratio_median": round(
+            statistics.median(c["join_stall_ratio"] for c in cycles), 3
+        ),
+        "leave_stall_ratio_median": round(
+            statistics.median(c["leave_stall_ratio"] for c in cycles), 3
+        ),
         "join_stall_ratio_same_members": max(c["join_stall_ratio_same_members"] for c in cycles),
         "leave_stall_ratio_same_members": max(c["leave_stall_ratio_same_members"] for c in cycles),
+        "steady_window_ratio": round(statistics.median(runs), 3) if runs else None,
         "join_latency_s": round(statistics.median(c["join_latency_s"] for c in cycles), 3),
         "hash_mismatches": sum(len(h) > 1 for h in hashed.values()),
         "hash_checks": sum(n > 1 for n in counts.values()),
