@@ -257,7 +257,9 @@ class SegmentModel:
         pre |= {
             "p_gm": gm_p,
             "p_step_cap": pre["step_cap"][pj, pi],
-            "p_scale": gm_p / np.maximum(g[pj, pi], 1e-30),
+            # batch = q x mean / gen_max[b], but never above q (a bin whose longest
+            # episode is shorter than the segment's mean decodes in a batch of q)
+            "p_scale": np.maximum(gm_p / np.maximum(g[pj, pi], 1e-30), 1.0),
         }
         if ic.experts:
             pre["p_step_tab"] = pre["step_tab"][pj, pi]
@@ -286,8 +288,8 @@ class SegmentModel:
 
         Bin b's line allows the step time lim_b = (tau - other_max[b]) / gen_max[b]; it
         does not bind when a full batch's step fits it, else the batch allowed a_b (>= 1,
-        or nothing fits) bounds the load at a_b x gen_max[b] / mean generated. Evaluated
-        on (bin, segment) pairs and reduced per segment."""
+        or nothing fits) bounds the load at a_b x max(1, gen_max[b] / mean generated).
+        Evaluated on (bin, segment) pairs and reduced per segment."""
         ic, pre = self.types[t], self._pre(t)
         gm, om = self.gen_max, self.other_max[t]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -308,7 +310,8 @@ class SegmentModel:
             a = np.minimum(
                 (lim_p - pre["ca_off"]) * pre["p_ca_inv"], (lim_p - pre["cb_off"]) * pre["p_cb_inv"]
             )
-            edge = np.abs(at_cap - lim_p) <= 1e-9 * np.abs(at_cap)
+            # at a boundary: a full batch just fits, or a batch of one just does
+            edge = (np.abs(at_cap - lim_p) <= 1e-9 * np.abs(at_cap)) | (np.abs(a - 1.0) <= 1e-7)
         with np.errstate(invalid="ignore", over="ignore"):
             bound = np.where(a >= 1.0, a * pre["p_scale"], -_INF)
         bound = np.where(free, np.where(lim_p >= 0, _INF, -_INF), bound)

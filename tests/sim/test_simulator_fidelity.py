@@ -37,3 +37,19 @@ def test_uniform_fleet_is_within_a_fifth_of_the_planner(env):
     if env.workload.name == "r2e-gym":  # tool waits set the tail: the bound is tight
         for row in compare(env, [{8: 3}]):
             assert row["planner_over_simulated"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_critical_path_inversion_agrees_with_the_forward_model(env):
+    """The DP sizes segments with the inverted critical path: at the time m instances
+    take (forward), it must ask for at most m instances, or plans overrun their budget
+    (an R2E-Gym uniform TP-8 plan once asked for 64 of 48 GPUs)."""
+    from libra.planner.rollout_search import RolloutProblem
+
+    prob = RolloutProblem(env.model, env.hw, env.stats(0), env.settings.rollout, 32)
+    seg, nb = prob.seg, prob.nbins
+    for t in range(len(prob.tps)):
+        for j, i in [(0, nb), (0, nb // 2), (nb // 2, nb), (nb - 4, nb)]:
+            for m in (1, 2, 3, 5, 8, 13):
+                tau = seg.time(t, j, i, m)
+                if tau < float("inf"):
+                    assert seg.min_instances(t, tau)[j, i] <= m, (prob.tps[t], j, i, m)
