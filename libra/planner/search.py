@@ -278,6 +278,7 @@ class _Search:
             g, roll = self._sync() if self.s.sync else self._async()
         best = self.train.best(g)
         assert best is not None and roll is not INFEASIBLE
+        assert g + roll.gpus <= self.G, f"plan overruns its budget: {g} + {roll.gpus} GPUs"
         counts = Counter(self.train.counts) + Counter(self.roll.counts)
         return Plan(
             gpus=self.G,
