@@ -53,7 +53,7 @@ async def prepare_model(cfg: TrainConfig, out: Path) -> Path:
         max_position_embeddings=m.max_position_embeddings,
     )
     return await asyncio.to_thread(
-        make_model, out / "base", seed=cfg.seed, sizes=sizes, exist_ok=True
+        make_model, out / "base", seed=cfg.model.seed, sizes=sizes, exist_ok=True
     )
 
 
@@ -101,7 +101,7 @@ async def warm_start(
     if s.steps == 0:
         return base, []
     view.phase, view.note = "generating demonstrations", ""
-    rng = random.Random(cfg.seed)
+    rng = random.Random(cfg.model.seed)
     picked = [rng.choice(tasks) for _ in range(s.demos)]
     demos = await demonstrations(
         env, cfg.data.env, tok, picked, load_expert(s.expert, cfg.data.env)
@@ -132,7 +132,7 @@ async def warm_start(
                 batch=s.batch,
                 lr=s.lr,
                 target=s.target,
-                seed=cfg.seed,
+                seed=cfg.model.seed,
                 on_progress=progress,
                 should_stop=should_stop,
             )
