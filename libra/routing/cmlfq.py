@@ -76,7 +76,7 @@ class CMLFQPolicy:
 
     def on_tool_return(self, state: EpisodeState) -> str | Decision:
         cfg = self.config
-        keys = _LazyKeys(state.tool_returns, self.key)
+        keys = [self.key(t) for t in state.tool_returns]
         match = self.tree.lookup(state.task_id, keys, cfg.min_samples)
         if match is None:
             return state.bucket
@@ -250,35 +250,6 @@ class _Prediction:
         if below >= 1.0:
             return 1.0
         return max(0.0, (total.cdf(length) - below) / (1.0 - below))
-
-
-class _LazyKeys(Sequence[StateKey]):
-    """The tree keys of an episode's tool returns, computed only as deep as a lookup
-    walks (the walk stops at the first thin node, usually well before the last return;
-    computing every key on every return would be quadratic in the turns)."""
-
-    __slots__ = ("_done", "_fn", "_rets")
-
-    def __init__(self, rets: Sequence[ToolReturnLike], fn: Any):
-        self._rets, self._fn = rets, fn
-        self._done: list[StateKey] = []
-
-    def __len__(self) -> int:
-        return len(self._rets)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        done = self._done
-        if i < 0:
-            i += len(self._rets)
-        while len(done) <= i:
-            done.append(self._fn(self._rets[len(done)]))
-        return done[i]
-
-    def __iter__(self) -> Any:
-        for i in range(len(self._rets)):
-            yield self[i]
 
 
 __all__ = ["CMLFQPolicy"]

@@ -125,10 +125,8 @@ class PrefixTree:
     # --- lookup ------------------------------------------------------------------
     def lookup(self, task_id: str, keys: Iterable[StateKey], min_samples: int) -> Match | None:
         """The deepest node along `keys` with at least `min_samples` episodes, in the
-        prompt's tree or the pooled one (the prompt's wins a tie). A `Sequence` is walked
-        as far as the tree goes and no further (it may compute its items lazily)."""
-        if not isinstance(keys, Sequence):
-            keys = tuple(keys)
+        prompt's tree or the pooled one (the prompt's wins a tie)."""
+        keys = tuple(keys)
         best: Match | None = None
         for name, root in (("prompt", self.prompts.get(task_id)), ("pooled", self.pooled)):
             if root is None or root.rem.count < min_samples:
