@@ -94,7 +94,9 @@ class CatchUp:
             self._token = None
             self._cut()
             self._cv.notify_all()
-        self._thread.join(5)
+        # A replay in flight runs torch code: let it finish (a thread inside torch at
+        # interpreter shutdown aborts the process; see libra.trainer.groups).
+        self._thread.join(self.timeout_s)
 
     def _cut(self) -> None:
         if self._conn is not None:

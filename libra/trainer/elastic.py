@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -126,6 +127,9 @@ class ElasticWorker:
         self._joins: list[Member] = []
         self.registered_at = 0.0
         self.ready_after_s: float | None = None
+        self._abandoned: list[Background] = []
+        """Group builds of epochs that a recovery replaced: `close` waits for them."""
+        self._retiring: list[threading.Thread] = []
         self.ready_ids: set[str] = set()
         """Members that were current at the last update and stay (its ready flags minus
         its leavers): every member knows the same set, e.g. to split a global batch."""
@@ -427,7 +431,7 @@ class ElasticWorker:
 
     def switch(self, spec: Epoch, pg: Any, *, donate: bool = True) -> None:
         """Make `spec` current (and hand its donor jobs to the snapshot streamer)."""
-        retire(self.pg)
+        self._retire(self.pg)
         self.epoch, self.pg, self.pending, self.next_spec = spec, pg, None, None
         if donate:
             self._donate(spec)
@@ -435,18 +439,45 @@ class ElasticWorker:
     def rejoin_reset(self) -> None:
         """After leaving: forget the old membership so this process can register again
         (its state is stale; a new snapshot will overwrite it)."""
-        retire(self.pg)
-        self.pg, self.epoch, self.pending, self.next_spec = None, None, None, None
+        self._retire(self.pg)
+        self.abandon_pending()
+        self.pg, self.epoch, self.next_spec = None, None, None
         self.ready = self.leaving = self.left = False
         self.ready_after_s = None
         self.leave_reason = None
 
+    def abandon_pending(self) -> None:
+        """Forget the next epoch (a recovery replaced it); its build, which gloo cannot
+        interrupt, is left to finish or time out and is waited for by `close`."""
+        if self.pending is not None:
+            self._abandoned.append(self.pending.job)
+            self.pending = None
+
+    def _retire(self, pg: Any) -> None:
+        self._retiring = [t for t in self._retiring if t.is_alive()]
+        t = retire(pg)
+        if t is not None:
+            self._retiring.append(t)
+
     def close(self) -> None:
+        """Stop every background thread of this rank before returning: snapshot streams,
+        catch-up, group builds (each bounded by the group's timeout), then retire the
+        groups and wait for that. A thread still inside torch's C++ code when the
+        interpreter shuts down aborts the process (see `libra.trainer.groups`)."""
         self.donor.close()
         self.catchup.stop()
         self.listener.close()
-        retire(self.pg)
+        self.abandon_pending()
+        wait_s = self.ecfg.timeout_s + 30  # a build: store wait + gloo rendezvous
+        for job in self._abandoned:
+            built = job.settle(wait_s)
+            self._retire(built[1] if built else None)
+        self._abandoned = []
+        self._retire(self.pg)
         self.pg = None
+        for t in self._retiring:
+            t.join(self.ecfg.timeout_s)
+        self._retiring = []
 
 
 @dataclass(slots=True)

@@ -9,6 +9,14 @@ for peers), so the next epoch's group is built while the current step computes.
 
 Each thread that may block on the store gets its own client: a TCPStore client
 serialises its operations, and a blocking `wait` would stall every other caller.
+
+Threads that call into torch's C++ code (building or retiring a group) are not daemons,
+and their owner joins them before it returns from `close`. Python 3.11 ends a daemon
+thread that retakes the GIL while the interpreter shuts down with `pthread_exit`; the
+forced unwind reaches pybind11's GIL guard, a noexcept destructor, and the C++ runtime
+calls `std::terminate`: the process dies of SIGABRT ("terminate called without an
+active exception") after it has finished its work. A thread that is only in Python or
+socket code may stay a daemon.
 """
 
 from __future__ import annotations
@@ -58,15 +66,16 @@ def wait_key(store: Store, key: str, timeout_s: float) -> str:
 
 
 class Background:
-    """Run `fn` in a daemon thread; `result()` waits for it. Used to build the next
-    epoch's group off the critical path. An abandoned build (after a failure) is left
-    to time out on its own: gloo cannot be interrupted."""
+    """Run `fn` in a thread; `result()` waits for it. Used to build the next epoch's
+    group off the critical path. An abandoned build (after a failure) is left to time
+    out on its own: gloo cannot be interrupted. Not a daemon (see the module doc): at
+    exit Python waits for it, which the group's timeout bounds."""
 
     def __init__(self, fn: Callable[[], Any], name: str):
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name)
         self._thread.start()
 
     def _run(self, fn: Callable[[], Any]) -> None:
@@ -80,6 +89,12 @@ class Background:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def settle(self, timeout_s: float) -> Any:
+        """Wait (at most `timeout_s`) for a build nobody will use; its value, or None
+        if it failed or is still running."""
+        self._thread.join(timeout_s)
+        return self._value if self._done.is_set() and self._error is None else None
+
     def result(self, timeout_s: float | None = None) -> Any:
         if not self._done.wait(timeout_s):
             raise TimeoutError(f"{self._thread.name} did not finish within {timeout_s}s")
@@ -88,10 +103,12 @@ class Background:
         return self._value
 
 
-def retire(pg: ProcessGroupGloo | None) -> None:
-    """Drop a group without blocking the caller (a shutdown can wait on a dead peer)."""
+def retire(pg: ProcessGroupGloo | None) -> threading.Thread | None:
+    """Shut a group down and drop it without blocking the caller (a shutdown can wait
+    on a dead peer). Returns the thread doing it, for the owner to join before exit
+    (not a daemon: see the module doc)."""
     if pg is None:
-        return
+        return None
 
     def _shutdown() -> None:
         try:
@@ -99,7 +116,9 @@ def retire(pg: ProcessGroupGloo | None) -> None:
         except Exception:
             pass
 
-    threading.Thread(target=_shutdown, name="retire-group", daemon=True).start()
+    t = threading.Thread(target=_shutdown, name="retire-group")
+    t.start()
+    return t
 
 
 __all__ = ["Background", "connect", "get_str", "host_store", "make_group", "retire", "wait_key"]

@@ -73,7 +73,7 @@ def recover(w: ElasticWorker, update: int) -> Outcome:
         spec = Epoch.from_json(wait_key(w.store, f"{base}/decision", wait))
     except TimeoutError:
         raise TrainerError(f"{w.id}: no recovery decision (is the coordinator alive?)") from None
-    w.pending = None  # an abandoned build times out on its own
+    w.abandon_pending()  # its build times out on its own; close() waits for it
     if w.id not in spec.ids():
         w.left = True
         raise Dropped(f"{w.id} was dropped from training by recovery {base}")

@@ -112,21 +112,23 @@ def main(plan: MemberPlan) -> None:
         )  # fmt: skip
     replica = Replica(cfg, rank=plan.rank, size=plan.size)
     w = ElasticWorker(cfg, replica, member_id=plan.id, kind=plan.kind, store_port=plan.port)  # type: ignore[arg-type]
-    with open(plan.log, "a") as log:
+    try:
+        with open(plan.log, "a") as log:
 
-        def record(res, **extra) -> None:
-            row = asdict(res)
-            row.update(extra, rank=plan.rank, wall=time.time())
-            if plan.hash_every and res.applied and res.update % plan.hash_every == 0:
-                row["hash"] = replica.state_hash()
-            log.write(json.dumps(row) + "\n")
-            log.flush()
+            def record(res, **extra) -> None:
+                row = asdict(res)
+                row.update(extra, rank=plan.rank, wall=time.time())
+                if plan.hash_every and res.applied and res.update % plan.hash_every == 0:
+                    row["hash"] = replica.state_hash()
+                log.write(json.dumps(row) + "\n")
+                log.flush()
 
-        if plan.kind == "core":
-            _core(plan, w, store, record)
-        else:
-            _hybrid(plan, w, store, record)
-    w.close()
+            if plan.kind == "core":
+                _core(plan, w, store, record)
+            else:
+                _hybrid(plan, w, store, record)
+    finally:
+        w.close()  # joins the worker's threads: exiting with them running can abort
     if plan.size > 1:
         dist.destroy_process_group()
 
