@@ -203,3 +203,19 @@ def test_bad_config_fails_at_load_with_the_field_path(tmp_path: Path) -> None:
     r = subprocess.run(libra_train(bad), capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2
     assert "fleet.hybrdis" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*-gpu*.toml")), ids=str)
+def test_gpu_examples_plan_with_dry_run(example: Path) -> None:
+    """Each GPU example loads and the global planner splits its GPUs; running one says
+    plainly that vllm fleets are not run by this version."""
+    from libra.train.dryrun import describe
+
+    doc = describe(load_config(example))
+    plan = doc["plan"]
+    assert plan["gpus"] == doc["fleet"]["devices"]
+    m = plan["mapping"]
+    assert m["training_gpus"] + m["rollout_gpus"] <= plan["gpus"]
+    assert m["buckets"] and plan["t_iter_s"] > 0
+    r = subprocess.run(libra_train(example), capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "--dry-run" in r.stderr and "Traceback" not in r.stderr
