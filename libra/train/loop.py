@@ -341,11 +341,14 @@ class Loop:
         decision, target = out
         entry = self.replanner.log[-1]
         self.report.decision(entry)
-        verb = "applied" if decision.apply else "kept"
-        self.view.last_decision = (
-            f"v{row['step']}: {verb} {target.train} hybrid(s) training "
-            f"(gain {decision.predicted_gain_s:,.0f} s vs cost {decision.reconfig_cost_s:,.1f} s)"
+        numbers = (
+            f"gain {decision.predicted_gain_s:,.0f} s vs cost {decision.reconfig_cost_s:,.1f} s"
         )
+        if decision.apply:
+            note = f"moving to {target.train} hybrid(s) training ({numbers})"
+        else:
+            note = f"kept {self.replanner.current.train} hybrid(s) training ({decision.reason})"
+        self.view.last_decision = f"v{row['step']}: {note}"
         if decision.apply and self._tg is not None:
             self._switch = self._tg.create_task(self._apply(target), name="libra-switch")
 
