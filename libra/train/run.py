@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import resource
 import signal
@@ -86,6 +87,14 @@ async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
             "plan a GPU fleet with --dry-run (docs/train.md, 'GPU configs')"
         )
     out, state = prepare_out(cfg, fresh=fresh)
+    if state is not None and int(state["version"]) >= cfg.steps:
+        # already trained to `steps` (e.g. `make run` again): report it, start nothing
+        saved = out / "summary.json"
+        if saved.is_file():
+            done: dict[str, Any] = json.loads(saved.read_text())
+            return done
+        plots = write_plots(out) if cfg.report.plots else []
+        return summarize(cfg, out, "done", 0.0, 0.0, plots)
     report = Report(out, tensorboard=cfg.report.tensorboard)
     display = Display(cfg.report.display)
     view = View(env=cfg.data.env, steps=cfg.steps)
