@@ -329,11 +329,11 @@ def _tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[dict[
 def _starting_roles(
     cfg: TrainConfig, replanner: Any, demos: list[Any], state: dict[str, Any] | None, report: Report
 ) -> int:
-    """How many hybrids start in training."""
-    if state is not None:
-        return int(state.get("hybrids_training", 0))
+    """How many hybrids start in training (and the planner's current assignment)."""
     start = cfg.fleet.hybrid_start
-    if start == "train":
+    if state is not None:  # resume: the roles at the checkpoint
+        n = int(state.get("hybrids_training", 0))
+    elif start == "train":
         n = cfg.fleet.hybrids
     elif start == "plan" and replanner is not None and demos:
         from libra.planner import WorkloadStats
