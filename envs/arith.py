@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import operator
 import random
+import warnings
 from typing import Any
 
 import libra
@@ -47,8 +48,13 @@ def calculator(expression: str) -> str:
     if len(expression) > 200:
         raise libra.errors.ToolError("expression longer than 200 characters")
     try:
-        return str(_eval(ast.parse(expression, mode="eval")))
-    except (SyntaxError, ValueError, ZeroDivisionError) as e:
+        with warnings.catch_warnings():
+            # "1or 2" and the like parse with a warning on stderr (invalid decimal
+            # literal): an error here.
+            warnings.simplefilter("error")
+            tree = ast.parse(expression, mode="eval")
+        return str(_eval(tree))
+    except (SyntaxError, Warning, ValueError, ZeroDivisionError) as e:
         raise libra.errors.ToolError(f"cannot evaluate {expression!r}: {e}") from None
 
 

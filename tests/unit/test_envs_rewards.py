@@ -99,3 +99,18 @@ async def test_math_shipped_references_verify_against_themselves(math_env: Math)
     assert {t["source"].split(":")[0] for t in tasks} == {"champ", "reasoning-gym"}
     for task in tasks[:12]:
         assert (await math_env.reward(task, traj(task["answer"])))[0] == 1.0, task["id"]
+
+
+def test_arith_calculator_turns_malformed_literals_into_tool_errors() -> None:
+    """A model-written "1or 2" is the tool's error, not a SyntaxWarning on stderr (which
+    tears `libra train`'s live display)."""
+    import warnings
+
+    from libra.envs.arith import calculator
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(libra.errors.ToolError, match="invalid decimal literal"):
+            calculator.fn("1or 2")
+        assert calculator.fn("(3 + 4) * 12") == "84"
+    assert not seen
