@@ -259,7 +259,11 @@ async def test_load_weights_switches_to_the_new_checkpoint_after_in_flight_reque
     async with aiohttp.ClientSession() as s:
         try:
             in_flight = asyncio.create_task(post(engine, "/v1/completions", long))
-            await asyncio.sleep(0.2)  # let it start
+            # Update only once the engine runs it (a fixed sleep raced a busy machine: the
+            # request then arrived during the pause and ran wholly on the new weights).
+            async with asyncio.timeout(60):
+                while not in_flight.done() and await _running(engine) == 0:
+                    await asyncio.sleep(0.02)
             result = await load_weights(s, engine.url, engine.kind, str(tiny_model_s1))
             assert result["status"] == "ok"
             # A request running during the update finished on the old weights, whole.
