@@ -34,8 +34,19 @@ def scenario(tmp_path_factory):
         "port": store.port,
         "dump_dir": str(d / "dump"),
     }
+    # The core stops when the hybrid's last cycle is done (`stop_at`), not at a fixed
+    # count: the rate-capped snapshot takes fixed wall time, so on an idle machine the
+    # core ran out of its default 200 updates while the hybrid was still catching up.
     plans = [
-        MemberPlan(id=c, kind="core", rank=0, size=1, log=str(d / f"{c}.jsonl"), **common)
+        MemberPlan(
+            id=c,
+            kind="core",
+            rank=0,
+            size=1,
+            log=str(d / f"{c}.jsonl"),
+            max_updates=100_000,
+            **common,
+        )
         for c in ("c0", "c1")
     ]
     plans.append(
