@@ -452,6 +452,19 @@ class ElasticWorker:
         if self.pending is not None:
             self._abandoned.append(self.pending.job)
             self.pending = None
+        self._reap_abandoned(0.0)
+
+    def _reap_abandoned(self, wait_s: float) -> None:
+        """Retire the groups of abandoned builds that finished (waiting up to `wait_s`
+        for each); keep waiting on the others."""
+        running = []
+        for job in self._abandoned:
+            built = job.settle(wait_s)
+            if job.done():
+                self._retire(built[1] if built else None)
+            else:
+                running.append(job)
+        self._abandoned = running
 
     def _retire(self, pg: Any) -> None:
         self._retiring = [t for t in self._retiring if t.is_alive()]
@@ -468,11 +481,7 @@ class ElasticWorker:
         self.catchup.stop()
         self.listener.close()
         self.abandon_pending()
-        wait_s = self.ecfg.timeout_s + 30  # a build: store wait + gloo rendezvous
-        for job in self._abandoned:
-            built = job.settle(wait_s)
-            self._retire(built[1] if built else None)
-        self._abandoned = []
+        self._reap_abandoned(self.ecfg.timeout_s + 30)  # a build: store wait + rendezvous
         self._retire(self.pg)
         self.pg = None
         for t in self._retiring:

@@ -53,8 +53,9 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
         level=os.environ.get("LIBRA_LOG", "WARNING"),
         format=f"[{spec.member_id}/{spec.rank}] %(levelname)s %(message)s",
     )
+    opened: list[Any] = []
     try:
-        _serve(spec, conn)
+        _serve(spec, conn, opened)
     except (EOFError, KeyboardInterrupt):
         pass  # the driver went away
     except BaseException as e:
@@ -64,9 +65,16 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
             conn.send(("error", msg))
         except OSError:
             pass
+    finally:
+        # Also after an error (once it is reported): a worker thread left inside torch
+        # when the interpreter shuts down aborts the process (libra.trainer.groups).
+        for w in opened:
+            w.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
-def _serve(spec: WorkerSpec, conn: Connection) -> None:
+def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     import torch.distributed as dist
 
     from libra.trainer import checkpoint, grpo
@@ -88,6 +96,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         checkpoint.load_optimizer(replica, spec.resume)
     w = ElasticWorker(cfg, replica, member_id=spec.member_id, kind=spec.kind,  # type: ignore[arg-type]
                       store_port=spec.port)  # fmt: skip
+    opened.append(w)
     if spec.kind == "core":
         w.start_core(spec.core_ids)
     conn.send(("ready", {"updates": replica.updates}))
@@ -133,9 +142,6 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         elif op == "stop":
             conn.send(("ok", None))
             break
-    w.close()
-    if spec.size > 1:
-        dist.destroy_process_group()
 
 
 def _count(w: Any, samples: list[Any]) -> int | None:
