@@ -24,15 +24,15 @@ import aiohttp
 from libra.errors import EndpointError
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """Linux: the child gets SIGKILL when its launcher dies, so a launcher that is killed
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """Linux: the child gets `sig` when its launcher dies, so a launcher that is killed
     (SIGKILL, OOM) leaves no engine behind. libc is loaded here, in the parent."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    return lambda: prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    return lambda: prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -99,24 +99,12 @@ class Launched:
         return EngineProcess(f"http://127.0.0.1:{port}", proc, log_path)
 
     async def _wait_ready(self, ep: EngineProcess) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if ep.proc.returncode is not None:
-                    raise EndpointError(
-                        f"embedded engine exited with {ep.proc.returncode} at start; "
-                        f"log {ep.log_path}: {_tail(ep.log_path)}"
-                    )
-                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                    async with session.get(
-                        f"{ep.url}/health", timeout=aiohttp.ClientTimeout(total=2)
-                    ) as r:
-                        if r.status == 200:
-                            return
-                await asyncio.sleep(0.2)
-        raise EndpointError(
-            f"embedded engine at {ep.url} not healthy after {self.startup_timeout_s:g} s; "
-            f"log {ep.log_path}: {_tail(ep.log_path)}"
+        await wait_healthy(
+            ep.url,
+            ep.proc,
+            ep.log_path,
+            self.startup_timeout_s,
+            name=f"embedded engine at {ep.url}",
         )
 
     async def stop(self) -> None:
@@ -133,6 +121,31 @@ class Launched:
                     os.killpg(p.proc.pid, signal.SIGKILL)
                 await p.proc.wait()
         self.procs.clear()
+
+
+async def wait_healthy(
+    url: str, proc: asyncio.subprocess.Process, log_path: Path, timeout_s: float, *, name: str
+) -> None:
+    """Poll `url`/health until it answers 200; `EndpointError` (with the log's tail) when
+    the process exits first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise EndpointError(
+                    f"{name} exited with {proc.returncode} at start; "
+                    f"log {log_path}: {_tail(log_path)}"
+                )
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                async with session.get(
+                    f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)
+                ) as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.2)
+    raise EndpointError(
+        f"{name} not healthy after {timeout_s:g} s; log {log_path}: {_tail(log_path)}"
+    )
 
 
 def _tail(path: Path, n: int = 400) -> str:

@@ -16,14 +16,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
-from libra.endpoints.launch import free_port
-from libra.errors import EndpointError
+from libra.endpoints.launch import die_with_parent, free_port, wait_healthy
 
 
 @dataclass(slots=True)
@@ -34,15 +30,6 @@ class Engine:
     log_path: Path
     start_s: float = 0.0
     """Seconds from spawn to healthy."""
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 async def start_engine(
@@ -82,37 +69,17 @@ async def start_engine(
             stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent(),
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
     engine = Engine(name, f"http://127.0.0.1:{port}", proc, log_path)
     try:
-        await _wait_healthy(engine, timeout_s)
+        await wait_healthy(engine.url, engine.proc, engine.log_path, timeout_s,
+                           name=f"engine {engine.name}")  # fmt: skip
     except BaseException:
         await stop_engine(engine)
         raise
     engine.start_s = time.monotonic() - t0
     return engine
-
-
-async def _wait_healthy(engine: Engine, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if engine.proc.returncode is not None:
-                raise EndpointError(
-                    f"engine {engine.name} exited with {engine.proc.returncode} at start; "
-                    f"see {engine.log_path}"
-                )
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with session.get(
-                    f"{engine.url}/health", timeout=aiohttp.ClientTimeout(total=2)
-                ) as r:
-                    if r.status == 200:
-                        return
-            await asyncio.sleep(0.2)
-    raise EndpointError(
-        f"engine {engine.name} not healthy after {timeout_s:g} s; see {engine.log_path}"
-    )
 
 
 async def stop_engine(engine: Engine, grace_s: float = 10.0) -> None:
