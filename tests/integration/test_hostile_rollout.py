@@ -92,7 +92,10 @@ async def test_limits_show_on_the_trajectory(
         )
         seen[kind] = (ret.status, ret.info, shown)
     status, info, shown = seen["oom"]
-    assert info["oom_killed"] and "exit=137" in shown
+    # The kernel picks the victim: usually `tail` (then the shell echoes exit=137), under
+    # memory pressure sometimes the shell itself (then the command's own code is 137).
+    # Either way the model is told that the OOM killer acted and with which code.
+    assert info["oom_killed"] and "killed by the OOM killer" in shown and "137" in shown
     status, info, shown = seen["fork"]  # the refused fork, as the model saw it
     assert "can't fork" in shown or "Resource temporarily unavailable" in shown
     status, info, shown = seen["loop"]
