@@ -11,7 +11,9 @@ enough that prompts recur), so that a policy tuned to one generator shows it the
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,49 @@ HELDOUT: dict[str, Any] = {
     "error_floor": 0.3,
 }  # fmt: skip
 
+# search-r1-causal (version 1) and its held-out sibling: written in one commit, with
+# their calibration numbers (tests/data/calibration.py), before any routing policy or
+# ceiling was run on them (docs/workloads.md, "search-r1-causal"). The sibling changes
+# structure: five short results per query, so a result list and an empty one fall in
+# the same payload size class; three question classes (one to four hops); 10 turns;
+# other empty / malformed / timeout rates; less polarised answerability; noisier,
+# more verbose turns with a long first one; stronger drift; 256 prompts that recur.
+_CAUSAL = workloads.spec("search-r1-causal")
+CAUSAL_HELDOUT: dict[str, Any] = {
+    "dataset_size": 256,
+    "max_turns": 10,
+    "prompt_template_tokens": 400,
+    "classes": (
+        TaskClass(name="single", weight=0.4, question_tokens=(15.0, 0.4), need=(1, 1),
+                  skill=(1.5, 1.0), p_direct=0.08),
+        TaskClass(name="bridge", weight=0.4, question_tokens=(28.0, 0.4), need=(2, 2),
+                  skill=(1.5, 1.2)),
+        TaskClass(name="compose", weight=0.2, question_tokens=(40.0, 0.4), need=(3, 4),
+                  skill=(1.2, 1.2)),
+    ),
+    "tools": (
+        dataclasses.replace(_CAUSAL.tools[0], ok_payload=(380.0, 0.35), max_payload=800,
+                            p_error=0.06, p_timeout=0.03, latency_s=(1.2, 0.8)),
+        dataclasses.replace(_CAUSAL.tools[1], weight=0.4, p_timeout=0.03),
+        dataclasses.replace(_CAUSAL.tools[2], weight=0.5),
+    ),
+    "turn_tokens": 700.0,
+    "first_turn": 2.0,
+    "final_turn": 1.0,
+    "fix_turn": 0.8,
+    "sigma_turn": 0.5,
+    "sigma_episode": 0.35,
+    "sigma_task": 0.45,
+    "miss_growth": 0.05,
+    "read_coef": 0.6,
+    "p_give_up": 0.25,
+    "p_stuck": 0.12,
+    "drift_len": 0.8,
+    "drift_tool": 0.2,
+    "error_halflife": 8.0,
+    "error_floor": 0.3,
+}  # fmt: skip
+
 # file -> (workload, steps, prompts per step, group, seed, params)
 TRACES: dict[str, tuple[str, int, int, int, int, dict[str, Any]]] = {
     "search-r1.jsonl.gz": ("search-r1", 16, 32, 16, 0, {}),
@@ -65,6 +110,8 @@ TRACES: dict[str, tuple[str, int, int, int, int, dict[str, Any]]] = {
     "search-r1-heldout.jsonl.gz": ("search-r1", 16, 32, 16, 1, HELDOUT),
     "r2e-gym.jsonl.gz": ("r2e-gym", 12, 16, 16, 0, {}),
     "dapo-math.jsonl.gz": ("dapo-math", 12, 16, 16, 0, {}),
+    "search-r1-causal-v1.jsonl.gz": ("search-r1-causal", 16, 32, 16, 11, {}),
+    "search-r1-causal-heldout-v1.jsonl.gz": ("search-r1-causal", 16, 32, 16, 12, CAUSAL_HELDOUT),
 }
 
 
@@ -82,5 +129,6 @@ def write(file: str) -> int:
 
 
 if __name__ == "__main__":
-    for file in TRACES:
+    # optional: file names to write (default: all; the others are byte-identical anyway)
+    for file in sys.argv[1:] or TRACES:
         print(file, write(file))

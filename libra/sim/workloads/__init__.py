@@ -10,7 +10,8 @@ filled). Per turn the records carry what a simulator needs to replay an episode
 causally: `model_tokens`, `tool_tokens`, and each tool return's status, payload and
 latency. Same arguments, same records.
 
-Names: `search-r1`, `r2e-gym`, `dapo-math`. `params` overrides fields of the workload's
+Names: `search-r1`, `r2e-gym`, `dapo-math`, `search-r1-causal` (docs/workloads.md).
+`params` overrides fields of the workload's
 `WorkloadSpec` (e.g. `{"dataset_size": 512}` for a multi-epoch run on a subset).
 """
 
@@ -26,9 +27,12 @@ from libra.sim.workloads.dapo_math import DAPO_MATH
 from libra.sim.workloads.generator import episode_data, make_task, step_tasks
 from libra.sim.workloads.r2e_gym import R2E_GYM
 from libra.sim.workloads.search_r1 import SEARCH_R1
+from libra.sim.workloads.search_r1_causal import SEARCH_R1_CAUSAL
 from libra.sim.workloads.spec import TaskClass, ToolSpec, WorkloadSpec
 
-WORKLOADS: dict[str, WorkloadSpec] = {s.name: s for s in (SEARCH_R1, R2E_GYM, DAPO_MATH)}
+WORKLOADS: dict[str, WorkloadSpec] = {
+    s.name: s for s in (SEARCH_R1, R2E_GYM, DAPO_MATH, SEARCH_R1_CAUSAL)
+}
 
 
 def spec(name: str, params: Mapping[str, Any] | None = None) -> WorkloadSpec:

@@ -1,6 +1,6 @@
 """How a simulated agent uses its tools: what it calls next and what a result does to it.
 
-Two patterns cover the built-in workloads:
+Three patterns cover the built-in workloads:
 
 - `GoalAgent` (search, math): call a tool until the task has enough useful results,
   then answer. A result that brings nothing may make it give up; an episode that is
@@ -8,6 +8,9 @@ Two patterns cover the built-in workloads:
 - `SweAgent` (repository repair): explore (search / view files), reproduce the bug, then
   cycles of edit and test until the tests pass. A failing test run is a tool `error`
   with a long log; the next turn diagnoses it.
+- `SearchAgent` (`search-r1-causal`): a goal agent on a web search backend whose
+  returns show what happened: empty result lists, and malformed actions from
+  degenerate episodes.
 
 An agent owns no randomness of its own: every draw comes from the episode's generator,
 so a seeded episode replays exactly.
@@ -156,6 +159,68 @@ class SweAgent:
         return self.passed
 
 
-AGENTS: dict[str, Callable[..., Agent]] = {"goal": GoalAgent, "swe": SweAgent}
+class SearchAgent:
+    """A Search-R1-style agent on a web search backend (`search-r1-causal`).
 
-__all__ = ["AGENTS", "Agent", "Call", "GoalAgent", "SweAgent"]
+    Its tool specs play three roles, by name, all recorded as the one call `search`:
+    `search` (a result list), `search-empty` (the engine found nothing) and `invalid`
+    (a malformed action, answered with Search-R1's invalid-action message). Their
+    `weight`s are chances, not picking weights:
+
+    - a query for a question the web serves badly comes back empty with chance
+      `search-empty.weight * (1 - skill)`; the agent reformulates (a miss);
+    - a result list holds the evidence with chance `skill`; once the task has its
+      `need` useful results the agent answers; after a miss it may give up;
+    - a *stuck* episode is a degenerate loop (reasoning collapsed into broken tags):
+      each of its calls is malformed with chance `invalid.weight`, it never makes
+      progress and never stops on errors, so it runs into the turn or context limit.
+      A healthy agent answers after three failed calls in a row.
+    """
+
+    def __init__(
+        self, tools: tuple[ToolSpec, ...], need: int, skill: float, give_up: float, stuck: bool
+    ):
+        by_name = {t.name: t for t in tools}
+        self.results = by_name["search"]
+        self.empty = by_name["search-empty"]
+        self.invalid = by_name["invalid"]
+        self.need = need
+        self.skill = skill
+        self.give_up = give_up
+        self.stuck = stuck
+        self.progress = 0
+        self.errors_in_row = 0
+        self.done = False
+
+    def act(self, rng: np.random.Generator) -> Call:
+        if self.stuck and rng.random() < self.invalid.weight:
+            return Call(self.invalid, fails=True)
+        if rng.random() < self.empty.weight * (1.0 - self.skill):
+            return Call(self.empty)
+        return Call(self.results)
+
+    def observe(self, call: Call, status: str, rng: np.random.Generator) -> str:
+        if status != "ok":
+            self.errors_in_row += 1
+            self.done = not self.stuck and self.errors_in_row >= 3
+            return OUTCOME_RETRY
+        self.errors_in_row = 0
+        if call.tool is self.results and not self.stuck and rng.random() < self.skill:
+            self.progress += 1
+            self.done = self.progress >= self.need
+            return OUTCOME_USEFUL
+        self.done = not self.stuck and rng.random() < self.give_up
+        return OUTCOME_MISS
+
+    @property
+    def solved(self) -> bool:
+        return self.progress >= self.need
+
+
+AGENTS: dict[str, Callable[..., Agent]] = {
+    "goal": GoalAgent,
+    "swe": SweAgent,
+    "search": SearchAgent,
+}
+
+__all__ = ["AGENTS", "Agent", "Call", "GoalAgent", "SearchAgent", "SweAgent"]

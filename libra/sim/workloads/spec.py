@@ -112,6 +112,9 @@ class WorkloadSpec:
     """Steps over which malformed-call errors halve as the policy learns the format."""
     error_floor: float
     """Share of the initial malformed-call rate that never goes away."""
+    version: int = 1
+    """Generator version of the family. A change that alters a family's output is a new
+    version with new frozen files (`tests/data/*-vN.jsonl.gz`), never a silent rewrite."""
 
     def replace(self, **changes: Any) -> WorkloadSpec:
         """A copy with some fields changed; unknown names raise `TypeError`."""
