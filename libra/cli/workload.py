@@ -22,12 +22,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         name,
         help="write a generated workload trace (JSONL)",
         description=(
-            "Write a generated trace of one workload (search-r1, r2e-gym, dapo-math): "
+            "Write a generated trace of one workload (search-r1, r2e-gym, dapo-math, "
+            "search-r1-causal): "
             "STEPS training steps of PROMPTS prompts x GROUP samples, as trajectory "
             "records. Same arguments, same file."
         ),
     )
-    p.add_argument("name", metavar="NAME", help="search-r1 | r2e-gym | dapo-math")
+    p.add_argument(
+        "name", metavar="NAME", help="search-r1 | r2e-gym | dapo-math | search-r1-causal"
+    )
     p.add_argument("--out", required=True, type=Path, help="output .jsonl (or .jsonl.gz)")
     p.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
     p.add_argument("--first-step", type=int, default=0, help="first step number (default 0)")
