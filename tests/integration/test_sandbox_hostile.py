@@ -62,7 +62,14 @@ async def test_memory_hog_is_oom_killed(backend: Backend) -> None:
         sb, "head -c 400000000 /dev/zero | tail -c 300000000 > /dev/null\necho exit=$?\n", 120
     )
     assert result.info is not None and result.info["oom_killed"]
-    assert "exit=137" in result.content  # the hog died by SIGKILL; the script went on
+    # The kernel picks the victim: usually the hog (`tail`; the script goes on and echoes
+    # exit=137); on a busy machine CI has also seen the shell itself killed (the command
+    # then ends with 137). Either way the model is told, and the sandbox stays usable.
+    if "exit=137" not in result.content:
+        assert result.info["exit_code"] == 137
+        assert "killed by the OOM killer" in result.content
+    probe = await sb.exec("echo still-usable", timeout=30)
+    assert probe.stdout == "still-usable\n"
     await assert_gone(backend, sb, marker)
 
 
