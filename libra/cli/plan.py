@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument(
         "--workload",
         default="search-r1",
-        help="search-r1 | r2e-gym | dapo-math (generated) or a TRACE.jsonl of trajectory "
+        help="search-r1 | r2e-gym | dapo-math | search-r1-causal (generated) or a "
+        "TRACE.jsonl of trajectory "
         "records (default: search-r1)",
     )
     p.add_argument(

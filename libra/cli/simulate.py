@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument(
         "--workload",
         default="search-r1",
-        help="search-r1 | r2e-gym | dapo-math (generated, drifting with the step) or a "
+        help="search-r1 | r2e-gym | dapo-math | search-r1-causal (generated, drifting with "
+        "the step) or a "
         "TRACE.jsonl[.gz] of trajectory records grouped by their step (default search-r1)",
     )
     p.add_argument("--gpus", type=int, default=48, help="GPUs in the cluster (default 48)")
