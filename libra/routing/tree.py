@@ -6,6 +6,12 @@ root that every episode also updates, which serves prompts the tree has not seen
 node keeps two length distributions (`LengthHistogram`) of the episodes that passed
 through it: the *remaining* length from that point, and the *total* length.
 
+A prompt's subtree below its root is built when the prompt is looked up again, not as
+its episodes arrive: until then the tree keeps the episodes' paths and the subtree's shape
+(so `nodes` and eviction are exactly as if it were built). Most prompts of a training run
+come back an epoch later or never, and building theirs eagerly was most of the cost of
+learning; the first lookup of a returning prompt replays its episodes once.
+
 Memory is bounded: past `max_nodes` whole prompt subtrees are evicted, least recently
 updated first; if the pooled tree alone is too big its rarest branches are pruned. Paths
 deeper than `max_depth` states stop growing. Trees merge (counts add), and serialise to
@@ -28,6 +34,9 @@ StateKey = tuple[str, str, str]
 
 FORMAT_VERSION = 1
 _SEP = "\t"
+_DEFER_EPISODES = 64
+"""A prompt's subtree is built once it holds this many episodes even if the prompt is
+not looked up (bounds the paths kept and what one lookup replays)."""
 
 
 class Node:
@@ -47,6 +56,54 @@ class Node:
             n += 1
             stack.extend(node.children.values())
         return n
+
+
+class _PromptRoot(Node):
+    """A prompt's root. Until `build`, the subtree below it exists only as the paths of
+    its episodes (`episodes`) and its shape (`shape`, nested dicts of state keys, to
+    count the nodes it will have: `below`)."""
+
+    __slots__ = ("below", "episodes", "shape")
+
+    def __init__(self, window: int):
+        super().__init__(window)
+        self.episodes: list[tuple[Sequence[tuple[StateKey, int]], int]] | None = []
+        self.shape: dict[StateKey, Any] = {}
+        self.below = 0
+
+    def defer(self, path: Sequence[tuple[StateKey, int]], total: int) -> int:
+        """Keep an episode for `build`; the nodes its path adds to the subtree."""
+        assert self.episodes is not None
+        self.episodes.append((path, total))
+        new, shape = 0, self.shape
+        for key, _ in path:
+            nxt = shape.get(key)
+            if nxt is None:
+                nxt = shape[key] = {}
+                new += 1
+            shape = nxt
+        self.below += new
+        return new
+
+    def build(self, window: int) -> list[Node]:
+        """Grow the subtree from the kept episodes, in their order (the same histograms
+        as adding them one by one); the nodes built."""
+        episodes, self.episodes, self.shape = self.episodes or [], None, {}
+        built: list[Node] = []
+        for path, total in episodes:
+            node: Node = self
+            for key, remaining in path:
+                child = node.children.get(key)
+                if child is None:
+                    child = node.children[key] = Node(window)
+                    built.append(child)
+                child.rem.add(remaining)
+                child.total.add(total)
+                node = child
+        return built
+
+    def size(self) -> int:
+        return 1 + self.below if self.episodes is not None else super().size()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +136,21 @@ class PrefixTree:
         remaining length after it; `start_remaining` is the length after the prompt."""
         root = self.prompts.get(task_id)
         if root is None:
-            root = self.prompts[task_id] = Node(self.window)
+            root = self.prompts[task_id] = _PromptRoot(self.window)
             self.nodes += 1
         else:
             self.prompts.move_to_end(task_id)
         path = path[: self.max_depth]
-        for top in (root, self.pooled):
+        tops: tuple[Node, ...] = (root, self.pooled)
+        if isinstance(root, _PromptRoot) and root.episodes is not None:
+            root.rem.add(start_remaining)
+            root.total.add(total)
+            self._touched.append(root)
+            self.nodes += root.defer(path, total)
+            if len(root.episodes) >= _DEFER_EPISODES:  # bound what a lookup replays
+                self._touched.extend(root.build(self.window))
+            tops = (self.pooled,)
+        for top in tops:
             top.rem.add(start_remaining)
             top.total.add(total)
             node = top
@@ -128,7 +194,13 @@ class PrefixTree:
         prompt's tree or the pooled one (the prompt's wins a tie)."""
         keys = tuple(keys)
         best: Match | None = None
-        for name, root in (("prompt", self.prompts.get(task_id)), ("pooled", self.pooled)):
+        mine = self.prompts.get(task_id)
+        if isinstance(mine, _PromptRoot) and mine.episodes is not None:
+            for node in mine.build(self.window):  # as `refresh` would have
+                if node.rem.count >= min_samples:
+                    node.rem.summary()
+                    node.total.summary()
+        for name, root in (("prompt", mine), ("pooled", self.pooled)):
             if root is None or root.rem.count < min_samples:
                 continue
             node, depth = root, 0
@@ -145,6 +217,8 @@ class PrefixTree:
     # --- combining and persistence -----------------------------------------------
     def merge(self, other: PrefixTree) -> None:
         """Add another tree's observations (e.g. from another rollout process)."""
+        self._build_all()
+        other._build_all()
         _merge(self.pooled, other.pooled, self.window)
         for task_id, root in other.prompts.items():
             mine = self.prompts.get(task_id)
@@ -156,7 +230,13 @@ class PrefixTree:
         if self.nodes > self.max_nodes:
             self._evict()
 
+    def _build_all(self) -> None:
+        for root in self.prompts.values():
+            if isinstance(root, _PromptRoot) and root.episodes is not None:
+                root.build(self.window)
+
     def to_bytes(self) -> bytes:
+        self._build_all()
         return orjson.dumps(
             {
                 "format": "libra-cmlfq-tree",

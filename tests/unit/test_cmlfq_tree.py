@@ -119,3 +119,28 @@ def test_save_load_and_merge_keep_the_statistics():
     assert a.nodes == a.pooled.size() + sum(r.size() for r in a.prompts.values())
     with pytest.raises(ValueError, match="not a C-MLFQ tree"):
         PrefixTree.from_bytes(b'{"x": 1}')
+
+
+def test_a_subtree_built_on_lookup_equals_one_built_as_episodes_arrived():
+    # `late` defers each prompt's subtree until it is looked up (here: never before the
+    # end); `early` looks each prompt up right after its first episode, so its subtree
+    # grows episode by episode. Same statistics, node counts, evictions and bytes.
+    rng = np.random.default_rng(3)
+    states = [OK, ERR, ("bash", "large", "ok"), ("bash", "small", "timeout")]
+    late, early = _tree(max_nodes=400), _tree(max_nodes=400)
+    for _ in range(600):
+        task = f"p{int(rng.integers(0, 40))}"
+        path = [(states[int(rng.integers(0, 4))], int(rng.integers(0, 9000)))
+                for _ in range(int(rng.integers(0, 7)))]  # fmt: skip
+        total = int(rng.integers(9000, 20000))
+        for t in (late, early):
+            t.insert(task, path, total - 100, total)
+        early.lookup(task, [], 1)
+        assert late.nodes == early.nodes <= 400
+        assert list(late.prompts) == list(early.prompts)  # the same evictions
+    assert late.nodes == late.pooled.size() + sum(r.size() for r in late.prompts.values())
+    task = next(iter(late.prompts))
+    for keys in ([], [OK], [OK, ERR], states):
+        a, b = late.lookup(task, keys, 2), early.lookup(task, keys, 2)
+        assert (a.tree, a.depth, a.node.rem.mean_p90()) == (b.tree, b.depth, b.node.rem.mean_p90())
+    assert late.to_bytes() == early.to_bytes()
