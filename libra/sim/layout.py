@@ -139,6 +139,10 @@ class Env:
             self._plans[key] = layout
         return layout
 
+    def remember(self, step: int, hetero: bool, layout: Layout) -> None:
+        """Memoise a plan computed elsewhere (a worker process) for `planned`."""
+        self._plans[(step, hetero)] = layout
+
     def _planned(self, stats: WorkloadStats, hetero: bool) -> Layout:
         if hetero:
             return Layout.of_plan(plan(self.model, self.hw, stats, self.cfg.gpus), self.max_context)

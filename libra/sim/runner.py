@@ -20,7 +20,7 @@ from libra.errors import ConfigError
 from libra.planner import load_hardware, load_model
 from libra.sim.config import SimConfig
 from libra.sim.episodes import Workload
-from libra.sim.layout import Env
+from libra.sim.layout import Env, Layout
 from libra.sim.systems import SystemSpec
 
 _SHARED: dict[str, Env] = {}
@@ -67,6 +67,31 @@ def _worker(spec: SystemSpec) -> dict[str, Any]:
     return run_system(spec, _SHARED["env"])
 
 
+def _shared_plans(cfg: SimConfig, systems: Sequence[SystemSpec], jobs: int) -> list[list[int]]:
+    """Steps whose heterogeneous plan to compute before the systems fork, split into
+    `jobs` interleaved shares; none unless several replanning systems need them.
+
+    Plans depend only on the step's batch, so `Env.planned` memoises them, but a forked
+    worker's memo stays in that worker: Libra's ladder rungs would each plan every step
+    again. Replanning asks for step s after step s (s < steps - 1), and the first layout
+    for step 0."""
+    users = sum(1 for s in systems if s.replan and s.hetero)
+    if jobs < 2 or users < 2:
+        return []
+    steps = list(range(max(1, cfg.steps - 1)))
+    return [steps[i::jobs] for i in range(jobs)]
+
+
+def _plan_worker(steps: list[int]) -> list[tuple[int, Layout]]:
+    env, out = _SHARED["env"], []
+    for s in steps:
+        try:
+            out.append((s, env.planned(env.stats(s), hetero=True, step=s)))
+        except ConfigError:  # the system that needs it reports it
+            continue
+    return out
+
+
 def simulate(
     cfg: SimConfig,
     systems: Sequence[SystemSpec],
@@ -97,6 +122,12 @@ def simulate(
                 say(_line(results[-1]))
         else:
             _SHARED["env"] = env
+            shares = _shared_plans(cfg, systems, jobs)
+            if shares:
+                with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
+                    for got in pool.map(_plan_worker, shares):
+                        for s, layout in got:
+                            env.remember(s, True, layout)
             # Longest first (C-MLFQ's learning dominates; then replanning), so the
             # workers finish together.
             order = sorted(systems, key=lambda s: (s.routing != "cmlfq", not s.replan))
