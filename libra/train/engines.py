@@ -1,4 +1,4 @@
-"""Embedded inference engines started and stopped one at a time (hybrid role switches).
+"""Inference engines started and stopped one at a time (hybrid role switches).
 
 `libra.endpoints.launch.Launched` starts a fixed set for one job; a training run needs
 to start an engine on the newest weights when a hybrid worker leaves training, and to
@@ -6,6 +6,10 @@ free one when it joins. Each engine is a `libra serve-engine` process on a free 
 port, in its own session (a Ctrl-C at the terminal reaches `libra train`, which stops
 engines in order), and on Linux it is killed by the kernel if `libra train` itself dies
 (PR_SET_PDEATHSIG), so no engine outlives its run.
+
+A `Launcher` says how a worker's engine starts: `EmbeddedLauncher` (this module) or
+`libra.train.vllm_fleet.VllmLauncher` (a vLLM server at the bucket's TP size). Both
+return an `Engine`; `stop_engine` stops either (its whole process group).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from libra.endpoints.launch import die_with_parent, free_port, wait_healthy
+from libra.engine.weights import EndpointKind
 
 
 @dataclass(slots=True)
@@ -30,6 +36,34 @@ class Engine:
     log_path: Path
     start_s: float = 0.0
     """Seconds from spawn to healthy."""
+    kind: EndpointKind = "embedded"
+    """How weights are loaded into it (`libra.engine.weights.load_weights`)."""
+
+
+class Launcher(Protocol):
+    """Starts the engine of worker `name` for a bucket of TP size `tp`."""
+
+    @property
+    def kind(self) -> EndpointKind: ...
+    @property
+    def stop_grace_s(self) -> float: ...
+
+    async def start(self, name: str, tp: int, model_dir: str, log_dir: Path) -> Engine: ...
+
+
+@dataclass(slots=True)
+class EmbeddedLauncher:
+    """`libra serve-engine` processes (TP 1)."""
+
+    threads: int = 1
+    max_num_seqs: int = 64
+    kind: EndpointKind = "embedded"
+    stop_grace_s: float = 10.0
+
+    async def start(self, name: str, tp: int, model_dir: str, log_dir: Path) -> Engine:
+        return await start_engine(
+            model_dir, name, log_dir, threads=self.threads, max_num_seqs=self.max_num_seqs
+        )
 
 
 async def start_engine(
@@ -83,7 +117,8 @@ async def start_engine(
 
 
 async def stop_engine(engine: Engine, grace_s: float = 10.0) -> None:
-    """SIGTERM its process group, SIGKILL after `grace_s`; always reaps it."""
+    """SIGTERM its process group, SIGKILL after `grace_s`; always reaps it. What is left
+    of the group after its leader exited (vLLM's engine core and TP workers) is killed."""
     if engine.proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(engine.proc.pid, signal.SIGTERM)
@@ -93,6 +128,8 @@ async def stop_engine(engine: Engine, grace_s: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(engine.proc.pid, signal.SIGKILL)
         await engine.proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(engine.proc.pid, signal.SIGKILL)
 
 
-__all__ = ["Engine", "start_engine", "stop_engine"]
+__all__ = ["EmbeddedLauncher", "Engine", "Launcher", "start_engine", "stop_engine"]

@@ -36,7 +36,7 @@ import aiohttp
 
 from libra.endpoints.pool import EndpointPool
 from libra.engine.weights import load_weights
-from libra.train.engines import Engine, start_engine, stop_engine
+from libra.train.engines import EmbeddedLauncher, Engine, Launcher, stop_engine
 
 log = logging.getLogger("libra.train")
 
@@ -96,13 +96,19 @@ class Fleet:
     pool: EndpointPool | None
     trainer: TrainerHandle
     log_dir: Path
-    engine_threads: int = 1
-    engine_max_num_seqs: int = 64
+    launcher: Launcher = field(default_factory=EmbeddedLauncher)
+    """How an engine starts (embedded, or vLLM at its bucket's TP size)."""
+    bucket_tp: dict[str, int] = field(default_factory=dict)
+    """TP size of each bucket's instances (default 1)."""
     drain_timeout_s: float = 30.0
     workers: list[Worker] = field(default_factory=list)
     weights_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     weights: tuple[int, str] = (0, "")
     """(version, folder) of the newest weights every engine serves."""
+    start_weights: tuple[int, str] = (0, "")
+    """(version, folder) the fleet started on: a folder that is never pruned, where a
+    vLLM instance starts before it loads the newest weights (a start can outlast
+    `trainer.keep_versions` publications)."""
     engine_start_s: list[float] = field(default_factory=list)
     """Measured engine start times (the planner's reconfiguration cost)."""
 
@@ -125,23 +131,22 @@ class Fleet:
                 out.setdefault(w.bucket, []).append(w.engine.url)
         return out
 
-    async def start_engine(self, w: Worker, model_dir: str) -> Engine:
-        w.engine = await start_engine(
-            model_dir,
-            w.id,
-            self.log_dir,
-            threads=self.engine_threads,
-            max_num_seqs=self.engine_max_num_seqs,
-        )
+    async def start_engine(self, w: Worker, model_dir: str, bucket: str) -> Engine:
+        tp = self.bucket_tp.get(bucket, 1)
+        w.engine = await self.launcher.start(w.id, tp, model_dir, self.log_dir)
         self.engine_start_s.append(w.engine.start_s)
         return w.engine
 
     async def start(self, workers: list[Worker], model_dir: str, version: int) -> None:
         """Start the engines of every rollout worker (before the pool exists)."""
         self.workers = workers
-        self.weights = (version, model_dir)
+        self.weights = self.start_weights = (version, model_dir)
         await asyncio.gather(
-            *(self.start_engine(w, model_dir) for w in workers if w.role == "rollout")
+            *(
+                self.start_engine(w, model_dir, w.bucket or "")
+                for w in workers
+                if w.role == "rollout"
+            )
         )
 
     # -- weights ----------------------------------------------------------------------
@@ -150,14 +155,23 @@ class Fleet:
         """Load `folder` into every engine, one at a time (the others keep serving).
         While an engine updates, no turn is sent to it; turns it is running finish on
         the old weights; from the update on its turns are stamped `version`. Returns
-        the seconds it took."""
+        the seconds it took.
+
+        vLLM: the turns Libra sent are drained first (all of them, on the old weights),
+        then the server pauses, reloads and resumes (`load_weights`), so no request can
+        reach it between the pause and the reload and run on weights its stamp does not
+        name."""
         assert self.pool is not None
         t0 = time.monotonic()
+        kind = self.launcher.kind
+        wait_s = self.pool.config.request_timeout_s
         async with self.weights_lock, aiohttp.ClientSession() as session:
             for ep in list(self.pool.endpoints()):
                 await self.pool.set_admitting(ep.url, False)
                 try:
-                    await load_weights(session, ep.url, "embedded", folder)
+                    if kind == "vllm":
+                        await self.pool.drain(ep.url, wait_s)
+                    await load_weights(session, ep.url, kind, folder)
                     ep.version = version
                 finally:
                     await self.pool.set_admitting(ep.url, True)
@@ -176,7 +190,7 @@ class Fleet:
             left = await self.pool.drain(url, self.drain_timeout_s)
             t1 = time.monotonic()
             await self.pool.remove_endpoint(url)
-        await stop_engine(w.engine)
+        await stop_engine(w.engine, self.launcher.stop_grace_s)
         w.engine = None
         t2 = time.monotonic()
         await self.trainer.call(self.trainer.trainer.add_hybrid, w.id)
@@ -196,13 +210,16 @@ class Fleet:
         t0 = time.monotonic()
         await self.trainer.call(self.trainer.trainer.remove_hybrid, w.id)
         t1 = time.monotonic()
-        version, folder = self.weights
-        engine = await self.start_engine(w, folder)
+        # embedded: start on the newest weights; vLLM: on the fleet's first folder (never
+        # pruned while the slow start runs), then load the newest below
+        kind = self.launcher.kind
+        version, folder = self.weights if kind == "embedded" else self.start_weights
+        engine = await self.start_engine(w, folder, bucket)
         t2 = time.monotonic()
         async with self.weights_lock:
             if self.weights[0] != version:  # published while the engine started
                 async with aiohttp.ClientSession() as session:
-                    await load_weights(session, engine.url, "embedded", self.weights[1])
+                    await load_weights(session, engine.url, kind, self.weights[1])
                 version = self.weights[0]
             await self.pool.add_endpoint(bucket, engine.url, version)
         w.bucket, w.role = bucket, "rollout"
@@ -214,7 +231,8 @@ class Fleet:
         for w in self.workers:
             w.engine = None
         with contextlib.suppress(BaseException):
-            await asyncio.shield(asyncio.gather(*(stop_engine(e) for e in engines)))
+            grace = self.launcher.stop_grace_s
+            await asyncio.shield(asyncio.gather(*(stop_engine(e, grace) for e in engines)))
 
     def kill_now(self) -> None:
         """Last resort (synchronous): SIGKILL every engine still running."""

@@ -41,6 +41,7 @@ from libra.rollout.tasks import load_tasks, task_id
 from libra.train.admission import StalenessGate
 from libra.train.config import TrainConfig
 from libra.train.display import Display, View
+from libra.train.engines import EmbeddedLauncher, Launcher
 from libra.train.fleet import Fleet, TrainerHandle, Worker
 from libra.train.groups import TaskStream
 from libra.train.loop import Loop, LoopState
@@ -81,11 +82,7 @@ class _Stop:
 async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
     """Run (or resume) the training job `cfg`; returns the summary."""
     t0, cpu0 = time.time(), _cpu()
-    if cfg.fleet.kind != "embedded":
-        raise ConfigError(
-            f"fleet.kind = {cfg.fleet.kind!r}: this version runs embedded (CPU) fleets only; "
-            "plan a GPU fleet with --dry-run (docs/train.md, 'GPU configs')"
-        )
+    launcher = _launcher(cfg)  # a vllm fleet is checked before anything is written
     out, state = prepare_out(cfg, fresh=fresh)
     if state is not None and int(state["version"]) >= cfg.steps:
         # already trained to `steps` (e.g. `make run` again): report it, start nothing
@@ -105,7 +102,7 @@ async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
     for sig in (signal.SIGINT, signal.SIGTERM):
         aloop.add_signal_handler(sig, stop)
     try:
-        return await _train(cfg, out, state, report, display, view, stop, t0, cpu0)
+        return await _train(cfg, out, state, report, display, view, stop, t0, cpu0, launcher)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             aloop.remove_signal_handler(sig)
@@ -122,6 +119,7 @@ async def _train(
     stop: _Stop,
     t0: float,
     cpu0: float,
+    launcher: Launcher,
 ) -> dict[str, Any]:
     resumed = state is not None
     display.line(
@@ -164,8 +162,8 @@ async def _train(
             pool=None,
             trainer=handle,
             log_dir=out / "logs",
-            engine_threads=cfg.fleet.engine_threads,
-            engine_max_num_seqs=cfg.fleet.engine_max_num_seqs,
+            launcher=launcher,
+            bucket_tp={b.name: b.tp for b in cfg.fleet.buckets},
             drain_timeout_s=cfg.fleet.drain_timeout_s,
         )
         workers = _workers(cfg, assignment)
@@ -174,6 +172,8 @@ async def _train(
             handle.call(trainer.start),
             fleet.start(workers, str(serve), version),
         )
+        if serve != start:  # resumed: later engines start on a folder that is never
+            fleet.start_weights = (-1, str(start))  # rewritten, then load the newest
         for w in workers:
             if w.kind == "hybrid" and w.role == "train":
                 await handle.call(trainer.add_hybrid, w.id)
@@ -301,6 +301,16 @@ async def _train(
     summary = summarize(cfg, out, outcome, time.time() - t0, _cpu() - cpu0, plots)
     write_json(out / "summary.json", summary)
     return summary
+
+
+def _launcher(cfg: TrainConfig) -> Launcher:
+    f = cfg.fleet
+    if f.kind == "embedded":
+        return EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
+    from libra.train import vllm_fleet
+
+    python = vllm_fleet.check(cfg)
+    return vllm_fleet.VllmLauncher(f.vllm, python, max_num_seqs=f.engine_max_num_seqs)
 
 
 def _cpu() -> float:

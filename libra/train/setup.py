@@ -150,20 +150,21 @@ async def warm_start(
 
 def planner_settings(cfg: TrainConfig) -> PlannerSettings:
     s = cfg.planner.settings
-    if cfg.fleet.kind == "embedded":  # one process per engine, whole replicas per device
-        s = s.model_copy(
-            update={
-                "rollout": RolloutSettings(
-                    **{
-                        **s.rollout.model_dump(),
-                        "tp_sizes": [1],
-                        "max_num_seqs": cfg.fleet.engine_max_num_seqs,
-                    }
-                ),
-                "train": s.train.model_copy(update={"max_pp": 1}),
-            }
-        )
-    return s
+    # the fleet's instances: embedded engines are TP 1, vLLM ones at their buckets' TP;
+    # whole replicas per device (the trainer has no pipeline stages)
+    tps = [1] if cfg.fleet.kind == "embedded" else sorted({b.tp for b in cfg.fleet.buckets})
+    return s.model_copy(
+        update={
+            "rollout": RolloutSettings(
+                **{
+                    **s.rollout.model_dump(),
+                    "tp_sizes": tps,
+                    "max_num_seqs": cfg.fleet.engine_max_num_seqs,
+                }
+            ),
+            "train": s.train.model_copy(update={"max_pp": 1}),
+        }
+    )
 
 
 def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Replanner | None:
@@ -174,6 +175,7 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
         f.core_rollout,
         f.core_train,
         f.hybrids,
+        tp=f.buckets[0].tp if f.kind == "vllm" else 1,
         micro_batch_tokens=cfg.trainer.grpo.micro_batch_tokens,
     )
     model = load_model(cfg.model.profile or str(model_dir))

