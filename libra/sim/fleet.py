@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from libra.planner import InstanceCost
-from libra.routing import Bucket, Decision, EpisodeState, RoutingPolicy
+from libra.routing import Bucket, Decision, EpisodeState, RoutingPolicy, StaticPolicy
 from libra.sim.episodes import Episode
 from libra.sim.instance import Instance
 from libra.sim.loop import Loop
@@ -103,6 +103,8 @@ class Fleet:
         bucket holds every instance whatever its TP size (no length-aware routing)."""
         self.buckets = sorted(buckets, key=lambda b: b.bound)
         self.policy = policy
+        # The static policy keeps every episode where it is: no state to build for it.
+        self._consult = type(policy) is not StaticPolicy
         self.pooled = pooled
         self._bounds = [b.bound for b in self.buckets]
         self._tps = [b.tp for b in self.buckets]
@@ -253,8 +255,9 @@ class Fleet:
         inst.submit(run, now)
 
     def _seg_done(self, inst: Instance, run: Run, now: float) -> None:
-        run.ctx += run.seg
-        run.left -= run.seg
+        seg = run.seg
+        run.ctx += seg
+        run.left -= seg
         if run.left > 0:  # the turn outgrew its bucket: overflow demotion
             self._place(run, self._fits(run.ctx + 1), now, "overflow")
         else:
@@ -264,37 +267,42 @@ class Fleet:
                 self.loop.at(now + ep.latency[t], self._finish, run)
             else:
                 self.loop.at(now + ep.latency[t], self._tool_return, run)
-        if inst.role == "live" and self.on_idle is not None and not inst.active and not inst.queue:
+        if self.on_idle is not None and inst.role == "live" and not inst.active and not inst.queue:
             self.on_idle(inst, now)
 
     def _tool_return(self, run: Run) -> None:
         now = self.loop.now
         ep, t = run.ep, run.turn
         u = ep.tool[t]
-        run.ctx += u
+        ctx = run.ctx = run.ctx + u
         run.turn = t + 1
         run.left = ep.gen[t + 1]
-        bi = self._bucket(run)
+        bi = self._tpi.get(run.tp)
+        if bi is None:
+            bi = self._fits(ctx + 1)
         to, why = bi, "policy"
-        if ep.states[t]:
-            run.states = run.states + ep.states[t]
+        states = ep.states[t]
+        if states and self._consult:
+            run.states = run.states + states
             state = EpisodeState(
-                run.uid, ep.task_id, ep.prompt, run.ctx, run.states, self.buckets[bi].name, t + 1
+                run.uid, ep.task_id, ep.prompt, ctx, run.states, self.buckets[bi].name, t + 1
             )
             assert self.policy is not None
             ans = self.policy.on_tool_return(state)
             to = self._index.get(ans.bucket if isinstance(ans, Decision) else ans, bi)
-        if bi < self._last and run.ctx >= self._bounds[bi]:
+        bounds, last = self._bounds, self._last
+        if bi < last and ctx >= bounds[bi]:
             why = "overflow"  # it cannot stay: the context has reached the bound
-            to = max(to, self._fits(run.ctx + 1))
-        if to < self._last and run.ctx >= self._bounds[to]:
-            to, why = self._fits(run.ctx + 1), "overflow"
+            to = max(to, self._fits(ctx + 1))
+        if to < last and ctx >= bounds[to]:
+            to, why = self._fits(ctx + 1), "overflow"
         inst = run.inst
         if to != bi:
             self._place(run, to, now, why)
         elif inst is not None and inst.role == "live" and inst.bucket == bi:
-            run.pre_tokens, run.pre_ctx = u, run.ctx - u
-            self._submit(run, inst, bi, now)
+            run.pre_tokens, run.pre_ctx = u, ctx - u
+            run.seg = run.left if bi >= last else min(run.left, bounds[bi] - ctx)
+            inst.submit(run, now)
         else:  # its instance left (removed or lent): the cache is lost
             self._place(run, bi, now, "reconfig")
 

@@ -113,27 +113,29 @@ class Instance:
         """Bring `decoded` to time `now` (no sequence finishes before it)."""
         b = len(self.active)
         if b:
-            self.busy_s += now - self.t_ref
-            start = self.resume if self.resume > self.t_ref else self.t_ref
-            dt = now - start
+            t_ref, resume = self.t_ref, self.resume
+            self.busy_s += now - t_ref
+            dt = now - (resume if resume > t_ref else t_ref)
             if dt > 0.0:
-                k = self.kv_base + b * self.decoded
-                s0 = self.cost.step_time(b, k)
+                decoded, step_time = self.decoded, self.cost.step_time
+                k = self.kv_base + b * decoded
+                s0 = step_time(b, k)
                 n = dt / s0
                 # the step grows by `slope` per step: solve n s0 + slope n^2 / 2 = dt
                 half = b * n / 2.0
-                slope = (self.cost.step_time(b, k + half) - s0) / half * b
+                slope = (step_time(b, k + half) - s0) / half * b
                 if slope > 1e-15:
                     n = 2.0 * dt / (s0 + (s0 * s0 + 2.0 * slope * dt) ** 0.5)
-                self.decoded = min(self.decoded + n, self._top())
+                self.decoded = min(decoded + n, self._top())
         self.t_ref = now
 
     # --- sequences ------------------------------------------------------------------
     def submit(self, seq: Any, now: float) -> None:
         """Queue a segment (`seq.seg` tokens to generate after prefilling
         `seq.pre_tokens` on top of `seq.pre_ctx` cached ones)."""
-        self.queue.append(seq)
-        if len(self.queue) == 1:
+        q = self.queue
+        q.append(seq)
+        if len(q) == 1:
             self.advance(now)
             if self._admit(now):
                 self._reschedule(now)
@@ -142,23 +144,24 @@ class Instance:
         """Start the queued segments that fit, first come first served (the instance has
         been advanced to `now`)."""
         q, admitted, stall = self.queue, False, 0.0
+        active, heap, prefill_s = self.active, self._heap, self.cost.prefill_s
+        decoded, kv_base, room = self.decoded, self.kv_base, self.kv_cap * (1.0 - WATERMARK)
         while q:
             seq = q[0]
-            b = len(self.active)
-            if b and (
-                b >= self.max_seqs
-                or self.kv_base + b * self.decoded + seq.ctx > self.kv_cap * (1.0 - WATERMARK)
-            ):
+            b = len(active)
+            if b and (b >= self.max_seqs or kv_base + b * decoded + seq.ctx > room):
                 break
             q.popleft()
             u, c = seq.pre_tokens, seq.pre_ctx
-            stall += float(self.cost.prefill_s(u, u * c + u * u / 2.0))
-            self.active[id(seq)] = seq
-            seq.d_end = self.decoded + seq.seg
-            seq.kv_off = seq.ctx - self.decoded
-            self.kv_base += seq.kv_off
-            heapq.heappush(self._heap, (seq.d_end, id(seq), seq))
+            stall += float(prefill_s(u, u * c + u * u / 2.0))
+            key = id(seq)
+            active[key] = seq
+            d_end = seq.d_end = decoded + seq.seg
+            off = seq.kv_off = seq.ctx - decoded
+            kv_base += off
+            heapq.heappush(heap, (d_end, key, seq))
             admitted = True
+        self.kv_base = kv_base
         if admitted:
             self.resume = (self.resume if self.resume > now else now) + stall
         return admitted
@@ -184,18 +187,19 @@ class Instance:
         """Schedule the next event: the next finish, or the step at which the batch's
         growth fills the KV cache (a preemption), whichever comes first."""
         self.version += 1
-        if not self.active:
+        b = len(self.active)
+        if not b:
             self._heap.clear()
             return
-        b = len(self.active)
-        n = self._top() - self.decoded
-        k = self.kv_base + b * self.decoded
-        if b > 1 and k + b * n > self.kv_cap:
-            n = max(0.0, (self.kv_cap - k) / b)
-        self._target = self.decoded + n
+        decoded, cap = self.decoded, self.kv_cap
+        n = self._top() - decoded
+        k = self.kv_base + b * decoded
+        if b > 1 and k + b * n > cap:
+            n = max(0.0, (cap - k) / b)
+        self._target = decoded + n
         step = self.cost.step_time(b, k + b * max(n - 1.0, 0.0) / 2.0)
-        start = self.resume if self.resume > now else now
-        t = start + n * step
+        resume = self.resume
+        t = (resume if resume > now else now) + n * step
         self.at(t, self.complete, t, self.version)
 
     def complete(self, now: float, version: int) -> None:
@@ -205,21 +209,22 @@ class Instance:
             return
         self.busy_s += now - self.t_ref
         self.t_ref = now
-        self.decoded = self._target
+        decoded = self.decoded = self._target
         finished = []
-        heap = self._heap
-        while heap and heap[0][0] <= self.decoded + _EPS:
+        heap, active, reached = self._heap, self.active, decoded + _EPS
+        while heap and heap[0][0] <= reached:
             mark, key, seq = heapq.heappop(heap)
-            if key in self.active and self.active[key] is seq and seq.d_end == mark:
-                del self.active[key]
+            if seq.d_end == mark and key in active and active[key] is seq:
+                del active[key]
                 self.kv_base -= seq.kv_off
                 finished.append(seq)
-        if not self.active:  # drop the rounding the running sum gathered
+        if not active:  # drop the rounding the running sum gathered
             self.kv_base = 0.0
         self.version += 1
+        done = self.done
         for seq in finished:
-            self.done(self, seq, now)
-        b = len(self.active)
+            done(self, seq, now)
+        b = len(active)
         if b > 1 and self.kv_base + b * self.decoded > self.kv_cap - 0.5:
             self._preempt()
         if self.queue:

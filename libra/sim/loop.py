@@ -20,20 +20,24 @@ class Loop:
         self.events = 0
 
     def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
-        heapq.heappush(self._heap, (t if t > self.now else self.now, self._n, fn, args))
+        now = self.now
+        heapq.heappush(self._heap, (t if t > now else now, self._n, fn, args))
         self._n += 1
 
     def run(self, done: Callable[[], bool], *, horizon: float = float("inf")) -> None:
         """Process events until `done()` holds, the queue runs dry, or `horizon`."""
-        heap, pop = self._heap, heapq.heappop
-        while heap and not done():
-            t, _, fn, args = pop(heap)
-            if t > horizon:
-                heapq.heappush(heap, (t, -1, fn, args))
-                return
-            self.now = t
-            self.events += 1
-            fn(*args)
+        heap, pop, events = self._heap, heapq.heappop, self.events
+        try:
+            while heap and not done():
+                t, _, fn, args = pop(heap)
+                if t > horizon:
+                    heapq.heappush(heap, (t, -1, fn, args))
+                    return
+                self.now = t
+                events += 1
+                fn(*args)
+        finally:
+            self.events = events
 
 
 __all__ = ["Loop"]
