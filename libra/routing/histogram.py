@@ -26,6 +26,10 @@ def _edge(b: float) -> float:
     return math.expm1(b / _SCALE)
 
 
+_MIDS = tuple(_edge(b + 0.5) for b in range(256))
+"""Bin midpoints, `_edge(b + 0.5)`, of the bins up to ~1e9 tokens (summaries sum them)."""
+
+
 class _Window:
     __slots__ = ("counts", "n", "total")
 
@@ -67,10 +71,11 @@ class _Summary:
         self.cum: list[int] = []
         self.cum_mid: list[float] = []
         c = m = 0.0
+        mids = _MIDS
         for b in self.bins:
             k = counts[b]
             c += k
-            m += k * _edge(b + 0.5)
+            m += k * (mids[b] if b < 256 else _edge(b + 0.5))
             self.cum.append(int(c))
             self.cum_mid.append(m)
         self.n = n
@@ -129,10 +134,17 @@ class LengthHistogram:
         """Samples the statistics cover (the current and the previous window)."""
 
     def add(self, x: float) -> None:
-        if self.cur.n >= self.window:
-            self.prev, self.cur = self.cur, _Window()
+        cur = self.cur
+        if cur.n >= self.window:
+            self.prev, cur = cur, _Window()
+            self.cur = cur
             self.count = self.prev.n
-        self.cur.add(x, bin_of(x))
+        # `cur.add(x, bin_of(x))` inlined: every tree update runs this per node
+        b = int(math.log1p(max(0.0, x)) * _SCALE)
+        counts = cur.counts
+        counts[b] = counts.get(b, 0) + 1
+        cur.n += 1
+        cur.total += x
         self.count += 1
         self._summary = None
 
