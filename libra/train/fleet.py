@@ -36,6 +36,7 @@ import aiohttp
 
 from libra.endpoints.pool import EndpointPool
 from libra.engine.weights import load_weights
+from libra.errors import EndpointDown
 from libra.train.engines import EmbeddedLauncher, Engine, Launcher, stop_engine
 
 log = logging.getLogger("libra.train")
@@ -190,8 +191,8 @@ class Fleet:
             left = await self.pool.drain(url, self.drain_timeout_s)
             t1 = time.monotonic()
             await self.pool.remove_endpoint(url)
-        await stop_engine(w.engine, self.launcher.stop_grace_s)
-        w.engine = None
+        engine, w.engine = w.engine, None  # detached first: `watch` sees no death
+        await stop_engine(engine, self.launcher.stop_grace_s)
         t2 = time.monotonic()
         await self.trainer.call(self.trainer.trainer.add_hybrid, w.id)
         w.role = "train"
@@ -225,6 +226,21 @@ class Fleet:
         w.bucket, w.role = bucket, "rollout"
         return {"leave_s": t1 - t0, "engine_start_s": t2 - t1, "total_s": time.monotonic() - t0}
 
+    async def watch(self, interval_s: float = 1.0) -> None:
+        """Runs until cancelled; raises `EndpointDown` (with the log's tail) when an engine
+        that serves exits (a crashed vLLM engine core takes its API server down), so a
+        run fails in one line instead of waiting on a bucket with no engine."""
+        while True:
+            for w in self.workers:
+                e = w.engine
+                if e is not None and e.proc.returncode is not None:
+                    raise EndpointDown(
+                        f"{e.kind} engine of {w.id} exited with code {e.proc.returncode} "
+                        f"while serving; log {e.log_path}: {_last_error(e.log_path)}",
+                        url=e.url,
+                    )
+            await asyncio.sleep(interval_s)
+
     async def close(self) -> None:
         """Stop every engine (also when cancelled: shielded)."""
         engines = [w.engine for w in self.workers if w.engine is not None]
@@ -243,6 +259,16 @@ class Fleet:
             if w.engine is not None and w.engine.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(w.engine.proc.pid, signal.SIGKILL)
+
+
+def _last_error(log: Path) -> str:
+    """The log's last line that names an error (vLLM ends with shutdown messages)."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    found = [x for x in lines if "Error" in x or "error" in x]
+    return ((found or lines or ["(empty log)"])[-1]).strip()[-300:]
 
 
 __all__ = ["Fleet", "Role", "TrainerHandle", "Worker", "no_sigint"]

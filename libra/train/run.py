@@ -32,7 +32,7 @@ from typing import Any
 
 from libra.chat import ChatTokenizer
 from libra.endpoints.pool import EndpointPool
-from libra.errors import ConfigError
+from libra.errors import ConfigError, EndpointDown
 from libra.rollout.episode import EpisodeRunner
 from libra.rollout.fleet import model_context, resolve_buckets
 from libra.rollout.run import load_env, make_policy
@@ -281,7 +281,7 @@ async def _train(
             view.phase, view.step = "training", version
             view.phase_started = time.monotonic()
             view.switches = loop_state.switches
-            outcome = await loop.run()
+            outcome = await _run_watched(loop, fleet)
             stop.loop = None
             if loop.checkpointed != trainer.version or not (out / "checkpoint").is_dir():
                 await checkpoint()
@@ -301,6 +301,18 @@ async def _train(
     summary = summarize(cfg, out, outcome, time.time() - t0, _cpu() - cpu0, plots)
     write_json(out / "summary.json", summary)
     return summary
+
+
+async def _run_watched(loop: Loop, fleet: Fleet) -> str:
+    """`loop.run()`, failed at once (one `EndpointDown` line) when an engine dies."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            watcher = tg.create_task(fleet.watch(), name="libra-engine-watch")
+            outcome = await loop.run()
+            watcher.cancel()
+    except* EndpointDown as group:
+        raise group.exceptions[0] from None
+    return outcome
 
 
 def _launcher(cfg: TrainConfig) -> Launcher:

