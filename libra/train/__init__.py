@@ -8,9 +8,9 @@
 Modules, in the order a run uses them: `config` (the TOML schema), `state` (run folder,
 resume), `setup` (model, hardware profile, warm start), `demos` + `sft` (expert
 demonstrations and the supervised warm start), `fleet` + `engines` (workers, engines, role
-switches), `admission` (bounded staleness), `groups`, `loop` (the asynchronous GRPO
-loop), `planning` (the planner in the loop), `display`, `report`, `dryrun`. Design:
-docs/train.md.
+switches) + `vllm_fleet` (`fleet.kind = "vllm"`: vLLM servers), `admission` (bounded
+staleness), `groups`, `loop` (the asynchronous GRPO loop), `planning` (the planner in
+the loop), `display`, `report`, `dryrun`. Design: docs/train.md.
 """
 
 from __future__ import annotations
