@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -68,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("libra: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `libra ... | head`: the reader left. Python's recipe: point stdout at devnull
+        # so that the flush at exit does not raise again; exit as a shell would (SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 __all__ = ["COMMANDS", "build_parser", "main"]
