@@ -92,7 +92,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     from libra.config import build
     from libra.sim.config import SimConfig
-    from libra.sim.runner import simulate
+    from libra.sim.runner import keep_freed_memory, simulate
     from libra.sim.systems import resolve
 
     if args.gpus < 2:
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
         _pyplot()  # fail before simulating, not after
     jobs = args.jobs or min(2, os.cpu_count() or 1)
+    keep_freed_memory()  # this process only simulates
     result = simulate(cfg, systems, jobs=jobs, progress=progress)
     if args.plot is not None:
         from libra.sim.plot import write_plots

@@ -65,11 +65,12 @@ def run_system(spec: SystemSpec, env: Env) -> dict[str, Any]:
     return summarize(sim, time.process_time() - c0, time.perf_counter() - w0)
 
 
-def _keep_freed_memory() -> None:
+def keep_freed_memory() -> None:
     """Have glibc keep freed memory for reuse instead of handing it back to the kernel
     at once. The planner's numpy temporaries are large enough to be mmap-ed and unmapped
-    on every call, so a replanning system faulted in ~150,000-300,000 fresh pages (about
-    a tenth of its CPU time). This process only; results are the same either way."""
+    on every call, so a replanning system faulted in ~150,000-300,000 fresh pages (10-20%
+    of its CPU time). For a process that only simulates (`libra simulate` calls it): it
+    changes how the whole process allocates, for good; results are the same either way."""
     if platform.libc_ver()[0] != "glibc":
         return
     try:
@@ -120,7 +121,6 @@ def simulate(
 ) -> dict[str, Any]:
     """Every system of `systems` on the workload of `cfg`."""
     say = progress or (lambda msg: None)
-    _keep_freed_memory()
     c0, w0 = time.process_time(), time.perf_counter()
     results: list[dict[str, Any]] = []
     jobs = max(1, min(jobs, len(systems)))
@@ -189,4 +189,4 @@ def _line(r: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["build_env", "run_system", "simulate"]
+__all__ = ["build_env", "keep_freed_memory", "run_system", "simulate"]
