@@ -10,7 +10,8 @@ resume), `setup` (model, hardware profile, warm start), `demos` + `sft` (expert
 demonstrations and the supervised warm start), `fleet` + `engines` (workers, engines, role
 switches) + `vllm_fleet` (`fleet.kind = "vllm"`: vLLM servers), `admission` (bounded
 staleness), `groups`, `loop` (the asynchronous GRPO loop), `planning` (the planner in
-the loop), `display`, `report`, `dryrun`. Design: docs/train.md.
+the loop) + `relayout` (core instances restarted at other TP sizes), `display`,
+`report`, `dryrun`. Design: docs/train.md.
 """
 
 from __future__ import annotations

@@ -50,6 +50,10 @@ class Launcher(Protocol):
 
     async def start(self, name: str, tp: int, model_dir: str, log_dir: Path) -> Engine: ...
 
+    def release(self, name: str) -> None:
+        """Worker `name` is gone for good (a layout change): its devices are free."""
+        ...
+
 
 @dataclass(slots=True)
 class EmbeddedLauncher:
@@ -64,6 +68,9 @@ class EmbeddedLauncher:
         return await start_engine(
             model_dir, name, log_dir, threads=self.threads, max_num_seqs=self.max_num_seqs
         )
+
+    def release(self, name: str) -> None:
+        """Embedded engines hold no placement."""
 
 
 async def start_engine(

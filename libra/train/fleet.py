@@ -112,6 +112,8 @@ class Fleet:
     `trainer.keep_versions` publications)."""
     engine_start_s: list[float] = field(default_factory=list)
     """Measured engine start times (the planner's reconfiguration cost)."""
+    used_ids: set[str] = field(default_factory=set)
+    """Worker names given out so far (`new_id`)."""
 
     def by_role(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {"rollout": [], "train": []}
@@ -121,6 +123,15 @@ class Fleet:
 
     def counts(self) -> dict[str, int]:
         return {r: len(ids) for r, ids in self.by_role().items()}
+
+    def new_id(self, prefix: str) -> str:
+        """A worker name never used in this run (a layout change adds workers)."""
+        self.used_ids.update(w.id for w in self.workers)
+        n = 0
+        while f"{prefix}{n}" in self.used_ids:
+            n += 1
+        self.used_ids.add(f"{prefix}{n}")
+        return f"{prefix}{n}"
 
     def hybrids(self, role: Role) -> list[Worker]:
         return [w for w in self.workers if w.kind == "hybrid" and w.role == role]
@@ -141,6 +152,7 @@ class Fleet:
     async def start(self, workers: list[Worker], model_dir: str, version: int) -> None:
         """Start the engines of every rollout worker (before the pool exists)."""
         self.workers = workers
+        self.used_ids.update(w.id for w in workers)
         self.weights = self.start_weights = (version, model_dir)
         await asyncio.gather(
             *(
@@ -183,6 +195,49 @@ class Fleet:
 
     async def to_training(self, w: Worker) -> dict[str, float]:
         """rollout -> training (module doc). Returns measured durations."""
+        t0 = time.monotonic()
+        took = await self.retire(w)
+        t2 = time.monotonic()
+        await self.trainer.call(self.trainer.trainer.add_hybrid, w.id)
+        w.role = "train"
+        return took | {"register_s": time.monotonic() - t2, "total_s": time.monotonic() - t0}
+
+    async def to_rollout(self, w: Worker, bucket: str) -> dict[str, float]:
+        """training -> rollout (module doc). Returns measured durations."""
+        assert self.pool is not None
+        w.role = "switching"
+        t0 = time.monotonic()
+        await self.trainer.call(self.trainer.trainer.remove_hybrid, w.id)
+        t1 = time.monotonic()
+        start_s = await self.serve(w, bucket)
+        return {"leave_s": t1 - t0, "engine_start_s": start_s, "total_s": time.monotonic() - t0}
+
+    async def serve(self, w: Worker, bucket: str) -> float:
+        """Start `w`'s engine at `bucket`'s TP size on the current weights and register
+        it in `bucket` at their version; returns the engine's start time. A version
+        published while it started is loaded before it is registered (under the
+        publishing lock), so no turn reaches it on older weights than its stamp."""
+        assert self.pool is not None
+        # embedded: start on the newest weights; vLLM: on the fleet's first folder (never
+        # pruned while the slow start runs), then load the newest below
+        kind = self.launcher.kind
+        version, folder = self.weights if kind == "embedded" else self.start_weights
+        t0 = time.monotonic()
+        engine = await self.start_engine(w, folder, bucket)
+        start_s = time.monotonic() - t0
+        async with self.weights_lock:
+            if self.weights[0] != version:  # published while the engine started
+                async with aiohttp.ClientSession() as session:
+                    await load_weights(session, engine.url, kind, self.weights[1])
+                version = self.weights[0]
+            await self.pool.add_endpoint(bucket, engine.url, version)
+        w.bucket, w.role = bucket, "rollout"
+        return start_s
+
+    async def retire(self, w: Worker) -> dict[str, float]:
+        """Stop serving on `w`: no new turns go to its engine, the turns it runs finish
+        there (up to `drain_timeout_s`; later ones are retried on a sibling), then the
+        endpoint leaves the pool and the engine stops. Returns measured durations."""
         assert self.pool is not None and w.engine is not None
         w.role = "switching"
         t0 = time.monotonic()
@@ -193,38 +248,7 @@ class Fleet:
             await self.pool.remove_endpoint(url)
         engine, w.engine = w.engine, None  # detached first: `watch` sees no death
         await stop_engine(engine, self.launcher.stop_grace_s)
-        t2 = time.monotonic()
-        await self.trainer.call(self.trainer.trainer.add_hybrid, w.id)
-        w.role = "train"
-        return {
-            "drain_s": t1 - t0,
-            "turns_cut": float(left),
-            "stop_s": t2 - t1,
-            "register_s": time.monotonic() - t2,
-            "total_s": time.monotonic() - t0,
-        }
-
-    async def to_rollout(self, w: Worker, bucket: str) -> dict[str, float]:
-        """training -> rollout (module doc). Returns measured durations."""
-        assert self.pool is not None
-        w.role = "switching"
-        t0 = time.monotonic()
-        await self.trainer.call(self.trainer.trainer.remove_hybrid, w.id)
-        t1 = time.monotonic()
-        # embedded: start on the newest weights; vLLM: on the fleet's first folder (never
-        # pruned while the slow start runs), then load the newest below
-        kind = self.launcher.kind
-        version, folder = self.weights if kind == "embedded" else self.start_weights
-        engine = await self.start_engine(w, folder, bucket)
-        t2 = time.monotonic()
-        async with self.weights_lock:
-            if self.weights[0] != version:  # published while the engine started
-                async with aiohttp.ClientSession() as session:
-                    await load_weights(session, engine.url, kind, self.weights[1])
-                version = self.weights[0]
-            await self.pool.add_endpoint(bucket, engine.url, version)
-        w.bucket, w.role = bucket, "rollout"
-        return {"leave_s": t1 - t0, "engine_start_s": t2 - t1, "total_s": time.monotonic() - t0}
+        return {"drain_s": t1 - t0, "turns_cut": float(left), "stop_s": time.monotonic() - t1}
 
     async def watch(self, interval_s: float = 1.0) -> None:
         """Runs until cancelled; raises `EndpointDown` (with the log's tail) when an engine

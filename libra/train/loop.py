@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,7 @@ from libra.train.display import Display, View
 from libra.train.fleet import Fleet, TrainerHandle
 from libra.train.groups import Busy, Group, Tally, TaskStream
 from libra.train.planning import Assignment, Replanner, SwitchCosts, Workload
+from libra.train.relayout import relayout
 from libra.train.report import Report
 
 
@@ -295,7 +297,9 @@ class Loop:
             if e.kind == "joined" and e.join_latency_s is not None:
                 # the hybrid's time out of service: the switch itself, then catching up
                 c = self.state.costs
-                self.state.costs = SwitchCosts(self._to_train_s + e.join_latency_s, c.to_rollout_s)
+                self.state.costs = dataclasses.replace(
+                    c, to_train_s=self._to_train_s + e.join_latency_s
+                )
                 row["join_latency_s"] = e.join_latency_s
         return row
 
@@ -346,6 +350,8 @@ class Loop:
         )
         if decision.apply:
             note = f"moving to {target.train} hybrid(s) training ({numbers})"
+            if target.layout and target.layout != self._layout():
+                note = f"{note}, core layout {self.replanner.key(target)}"
         else:
             note = f"kept {self.replanner.current.train} hybrid(s) training ({decision.reason})"
         self.view.last_decision = f"v{row['step']}: {note}"
@@ -362,7 +368,7 @@ class Loop:
             self.report.event("switch-done", worker=w.id, to="train", **took)
             c = self.state.costs
             self._to_train_s = took["total_s"]
-            self.state.costs = SwitchCosts(took["total_s"], c.to_rollout_s)
+            self.state.costs = dataclasses.replace(c, to_train_s=took["total_s"])
         while len(self.fleet.hybrids("train")) > target.train:
             w = self.fleet.hybrids("train")[-1]
             self.report.event("switch-start", worker=w.id, to="rollout")
@@ -371,7 +377,29 @@ class Loop:
             self.view.switches = self.state.switches
             self.report.event("switch-done", worker=w.id, to="rollout", **took)
             c = self.state.costs
-            self.state.costs = SwitchCosts(c.to_train_s, took["total_s"])
+            self.state.costs = dataclasses.replace(c, to_rollout_s=took["total_s"])
+        if target.layout and target.layout != self._layout():
+            await self._relayout(target.layout)
+
+    def _layout(self) -> tuple[int, ...]:
+        """Core rollout instances per bucket now (with the replanner's buckets)."""
+        if self.replanner is None or not self.replanner.shape.buckets:
+            return ()
+        core = [w.bucket for w in self.fleet.workers if w.kind == "core-rollout"]
+        return tuple(core.count(b) for b, _ in self.replanner.shape.buckets)
+
+    async def _relayout(self, layout: tuple[int, ...]) -> None:
+        """Restart core instances at other TP sizes (`libra.train.relayout`)."""
+        assert self.replanner is not None
+        want = {b: n for (b, _), n in zip(self.replanner.shape.buckets, layout, strict=True)}
+        have = dict(zip(want, self._layout(), strict=True))
+        self.report.event("relayout-start", have=have, want=want)
+        took = await relayout(self.fleet, want, self.report.event)
+        self.state.switches += 1
+        self.view.switches = self.state.switches
+        self.report.event("relayout-done", **took)
+        # measured: the longest time a started instance's devices were out of service
+        self.state.costs = dataclasses.replace(self.state.costs, restart_s=took["restart_s"])
 
     # -- validation -------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ workload just measured:
 
 - training: `evaluate_train` of data parallelism `core_train + k` (one device per replica,
   the trainer's micro-batch; `zero=0`: every replica holds the whole state);
-- rollout: `evaluate_rollout` of `core_rollout + H - k` instances of the fleet's TP size,
-  lengths assigned to them by the planner's dynamic program;
+- rollout: `evaluate_rollout` of the core instances plus `H - k` hybrid instances (at
+  the first bucket's TP size), lengths assigned to them by the planner's dynamic program;
 - asynchronous RL: t_iter = max(t_rollout, t_train).
 
 Calibration: the model's times for the assignment that just ran are compared with the
@@ -19,6 +19,15 @@ set the scale. The candidate is the fastest calibrated assignment; `ReplanPolicy
 applies it only when it is faster by the hysteresis band and its gain over the remaining
 steps beats the reconfiguration cost (measured: engine start, drain, trainer join), with
 a cooldown.
+
+Rollout TP layouts (vLLM fleets whose buckets have different TP sizes): the core
+rollout devices can be laid out as different numbers of instances per bucket (say
+3 x TP-1 + 1 x TP-2, or 1 x TP-1 + 2 x TP-2, on 5 devices). Every option is then a
+pair (hybrids training, core layout) timed the same way, and a layout change is charged
+the measured restart of each instance it starts (drain, stop, start at the new TP,
+register) times its devices. Every layout keeps at least one instance per bucket: the
+routing policy sends turns to every bucket, so none may be left without a server
+(`layouts`).
 """
 
 from __future__ import annotations
@@ -45,10 +54,12 @@ from libra.planner import (
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """`train` hybrids train, the others serve rollouts."""
+    """`train` hybrids train, the others serve rollouts; the core rollout devices run
+    `layout[i]` instances of bucket `i` (empty: the fleet has one layout only)."""
 
     train: int
     hybrids: int
+    layout: tuple[int, ...] = ()
 
     @property
     def rollout(self) -> int:
@@ -61,12 +72,54 @@ class FleetShape:
     core_train: int
     hybrids: int
     tp: int = 1
-    """Devices per rollout instance."""
+    """Devices per rollout instance (the hybrids' instances: the first bucket's)."""
     micro_batch_tokens: int = 4096
+    buckets: tuple[tuple[str, int], ...] = ()
+    """(name, TP size) of each bucket, when the core layout may change (vLLM fleets with
+    more than one TP size); empty: every core instance runs at `tp`."""
+    layout: tuple[int, ...] = ()
+    """Core instances per bucket at the start (with `buckets`)."""
+
+    @property
+    def core_devices(self) -> int:
+        if self.buckets:
+            return sum(tp * n for (_, tp), n in zip(self.buckets, self.layout, strict=True))
+        return self.core_rollout * self.tp
 
     @property
     def devices(self) -> int:
-        return self.core_rollout * self.tp + self.core_train + self.hybrids
+        return self.core_devices + self.core_train + self.hybrids
+
+    def mix(self, a: Assignment) -> dict[int, int]:
+        """Instances per TP size of assignment `a` (core layout plus rollout hybrids)."""
+        if not self.buckets:
+            return {self.tp: self.core_rollout + a.rollout}
+        out: dict[int, int] = {self.tp: a.rollout}
+        for (_, tp), n in zip(self.buckets, a.layout or self.layout, strict=True):
+            out[tp] = out.get(tp, 0) + n
+        return out
+
+
+def layouts(shape: FleetShape) -> list[tuple[int, ...]]:
+    """Every core layout on the core devices: instances per bucket, at least one each
+    (the routing sends turns to every bucket), devices used exactly. `[()]` without
+    `buckets`."""
+    if not shape.buckets:
+        return [()]
+    tps = [tp for _, tp in shape.buckets]
+    out: list[tuple[int, ...]] = []
+
+    def fill(i: int, left: int, acc: tuple[int, ...]) -> None:
+        if i == len(tps) - 1:
+            if left % tps[i] == 0 and left // tps[i] >= 1:
+                out.append((*acc, left // tps[i]))
+            return
+        rest = sum(tps[i + 1 :])  # one instance of every later bucket
+        for n in range(1, (left - rest) // tps[i] + 1):
+            fill(i + 1, left - n * tps[i], (*acc, n))
+
+    fill(0, shape.core_devices, ())
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +131,9 @@ class SwitchCosts:
     """Drain its turns, stop the engine, start a replica and catch up."""
     to_rollout_s: float
     """Leave training, start an engine on the newest weights, register it."""
+    restart_s: float | None = None
+    """A core instance restarted at another TP size: drain, stop, start, register
+    (measured by the run's layout changes; None: `to_rollout_s`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +157,7 @@ def time_assignment(
     mbt = max(shape.micro_batch_tokens, work.train.max_total)
     cfg = TrainConfig(tp=1, pp=1, dp=shape.core_train + a.train, micro_batch_tokens=mbt)
     train = evaluate_train(model, hw, work.train, cfg, settings)
-    engines = shape.core_rollout + a.rollout
-    rollout = evaluate_rollout(model, hw, work.rollout, {shape.tp: engines}, settings)
+    rollout = evaluate_rollout(model, hw, work.rollout, shape.mix(a), settings)
     return Plan(
         gpus=shape.devices,
         model=model.id,
@@ -111,7 +166,7 @@ def time_assignment(
         train=train,
         rollout=rollout,
         sync_s=0.0,
-        search={"hybrids_training": a.train},
+        search={"hybrids_training": a.train, "layout": list(a.layout)},
     )
 
 
@@ -119,15 +174,31 @@ def switch_cost(
     current: Assignment, candidate: Assignment, shape: FleetShape, costs: SwitchCosts
 ) -> ReconfigCost:
     """Idle device-seconds of the hybrids that move, averaged over the fleet (the
-    planner's convention: lost capacity per device)."""
+    planner's convention: lost capacity per device), plus the devices of every core
+    instance a layout change starts, idle for one measured instance restart."""
     moves = candidate.train - current.train
     to_train, to_roll = max(moves, 0), max(-moves, 0)
     lost = to_train * costs.to_train_s + to_roll * costs.to_rollout_s
+    restart = costs.restart_s if costs.restart_s is not None else costs.to_rollout_s
+    old = current.layout or shape.layout
+    new = candidate.layout or shape.layout
+    started = {
+        name: n - o for (name, _), o, n in zip(shape.buckets, old, new, strict=True) if n > o
+    }
+    started_devices = sum(
+        tp * max(n - o, 0) for (_, tp), o, n in zip(shape.buckets, old, new, strict=True)
+    )
+    lost += started_devices * restart
     return ReconfigCost(
-        instance_restart_s=costs.to_rollout_s if to_roll else 0.0,
+        instance_restart_s=restart if (to_roll or started) else 0.0,
         group_rebuild_s=costs.to_train_s if to_train else 0.0,
         total_s=lost / max(shape.devices, 1),
-        detail={"to_train": to_train, "to_rollout": to_roll, "measured": True},
+        detail={
+            "to_train": to_train,
+            "to_rollout": to_roll,
+            "instances_started": started,
+            "measured": True,
+        },
     )
 
 
@@ -144,25 +215,40 @@ class Replanner:
     current: Assignment
     log: list[dict[str, Any]] = field(default_factory=list)
 
-    def best(self, work: Workload) -> tuple[Assignment, Plan, dict[int, Plan]]:
+    def options(self, fixed_layout: bool = False) -> list[Assignment]:
+        """Every assignment: k hybrids training, for every core layout (only the
+        current one when `fixed_layout`)."""
+        lays = [self.current.layout] if fixed_layout else layouts(self.shape)
+        return [Assignment(k, self.shape.hybrids, lay)
+                for lay in lays for k in range(self.shape.hybrids + 1)]  # fmt: skip
+
+    def moves(self, a: Assignment) -> int:
+        """Workers `a` moves (ties go to the option that moves fewest)."""
+        cur = self.current
+        diff = zip(a.layout, cur.layout, strict=True) if a.layout and cur.layout else ()
+        return abs(a.train - cur.train) + sum(abs(x - y) for x, y in diff)
+
+    def best(
+        self, work: Workload, fixed_layout: bool = False
+    ) -> tuple[Assignment, Plan, dict[Assignment, Plan]]:
         plans = {
-            k: time_assignment(
-                Assignment(k, self.shape.hybrids),
-                self.shape,
-                self.model,
-                self.hw,
-                work,
-                self.settings,
-            )
-            for k in range(self.shape.hybrids + 1)
+            a: time_assignment(a, self.shape, self.model, self.hw, work, self.settings)
+            for a in self.options(fixed_layout)
         }
-        k = min(plans, key=lambda i: (plans[i].t_iter, abs(i - self.current.train)))
-        return Assignment(k, self.shape.hybrids), plans[k], plans
+        a = min(plans, key=lambda o: (plans[o].t_iter, self.moves(o)))
+        return a, plans[a], plans
+
+    def key(self, a: Assignment) -> str | int:
+        """An option's name in the decision log: k, or `k tp1x3 tp2x1` with layouts."""
+        if not a.layout:
+            return a.train
+        names = " ".join(f"{b}x{n}" for (b, _), n in zip(self.shape.buckets, a.layout, strict=True))
+        return f"{a.train} {names}"
 
     def initial(self, work: Workload) -> dict[str, Any]:
         """Choose the starting assignment on a first workload estimate (no cost: nothing
         runs yet). Returns the log entry."""
-        best, plan, plans = self.best(work)
+        best, plan, plans = self.best(work, fixed_layout=True)  # the fleet starts as configured
         self.current = best
         entry = {
             "step": 0,
@@ -170,8 +256,8 @@ class Replanner:
             "apply": True,
             "reason": "initial plan on the demonstrations' workload",
             "current": None,
-            "candidate": _describe(best, plan),
-            "options": {k: _times(p) for k, p in plans.items()},
+            "candidate": self._describe(best, plan),
+            "options": {self.key(a): _times(p) for a, p in plans.items()},
         }
         self.log.append(entry)
         return entry
@@ -183,31 +269,36 @@ class Replanner:
         if trigger is None:
             return None
         _, _, modelled = self.best(work)
-        scale = calibration(modelled[self.current.train], signals)
-        plans = {k: Timed.of(p, scale) for k, p in modelled.items()}
-        k = min(plans, key=lambda i: (plans[i].t_iter, abs(i - self.current.train)))
-        best, plan = Assignment(k, self.shape.hybrids), plans[k]
-        current = plans[self.current.train]
+        scale = calibration(modelled[self.current], signals)
+        plans = {a: Timed.of(p, scale) for a, p in modelled.items()}
+        best = min(plans, key=lambda o: (plans[o].t_iter, self.moves(o)))
+        plan, current = plans[best], plans[self.current]
         cost = switch_cost(self.current, best, self.shape, costs)
         d = self.policy.decide(
             current, plan, remaining_steps, reconfig=cost, step=signals.step, trigger=trigger
         )
         entry = d.as_dict() | {
-            "current": _describe(self.current, current),
-            "candidate": _describe(best, plan),
+            "current": self._describe(self.current, current),
+            "candidate": self._describe(best, plan),
             "reconfig": cost.as_dict(),
             "measured": {
                 "rollout_s": signals.rollout_s,
                 "train_s": signals.train_s,
                 "waiting_episodes": signals.waiting_episodes,
             },
-            "options": {k: _times(p) for k, p in plans.items()},
+            "options": {self.key(a): _times(p) for a, p in plans.items()},
             "calibration": {"train": scale[0], "rollout": scale[1]},
         }
         self.log.append(_finite(entry))
         if d.apply:
             self.current = best
         return d, best
+
+    def _describe(self, a: Assignment, p: Plan | Timed) -> dict[str, Any]:
+        out: dict[str, Any] = {"hybrids_training": a.train, "hybrids_rollout": a.rollout}
+        if a.layout:
+            out["layout"] = {b: n for (b, _), n in zip(self.shape.buckets, a.layout, strict=True)}
+        return out | _times(p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +335,6 @@ def _times(p: Plan | Timed) -> dict[str, float]:
     return {"t_iter_s": p.t_iter, "t_rollout_s": p.t_rollout, "t_train_s": p.t_train}
 
 
-def _describe(a: Assignment, p: Plan | Timed) -> dict[str, Any]:
-    return {"hybrids_training": a.train, "hybrids_rollout": a.rollout, **_times(p)}
-
-
 def _finite(obj: Any) -> Any:
     """JSON has no inf/nan: write them as None."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -265,6 +352,7 @@ __all__ = [
     "Replanner",
     "SwitchCosts",
     "Workload",
+    "layouts",
     "switch_cost",
     "time_assignment",
 ]

@@ -370,7 +370,7 @@ def _starting_roles(
     if replanner is not None:
         from libra.train.planning import Assignment
 
-        replanner.current = Assignment(n, cfg.fleet.hybrids)
+        replanner.current = Assignment(n, cfg.fleet.hybrids, replanner.shape.layout)
     return n
 
 

@@ -25,7 +25,7 @@ from libra.planner import (
 )
 from libra.train.config import TrainConfig
 from libra.train.display import Display, View
-from libra.train.planning import Assignment, FleetShape, Replanner
+from libra.train.planning import Assignment, FleetShape, Replanner, layouts
 from libra.train.report import Report, read_rows
 from libra.train.state import write_json
 
@@ -169,15 +169,23 @@ def planner_settings(cfg: TrainConfig) -> PlannerSettings:
 
 def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Replanner | None:
     f = cfg.fleet
-    if f.hybrids == 0:
-        return None
+    # vLLM fleets whose buckets differ in TP size may also change the core layout
+    # (instances per bucket, at least one each); embedded engines are TP 1 whatever the
+    # bucket says
+    names = [b.name for b in f.buckets]
+    start = [sum(names[i % len(names)] == b for i in range(f.core_rollout)) for b in names]
+    relayout = f.kind == "vllm" and len({b.tp for b in f.buckets}) > 1 and all(start)
     shape = FleetShape(
         f.core_rollout,
         f.core_train,
         f.hybrids,
         tp=f.buckets[0].tp if f.kind == "vllm" else 1,
         micro_batch_tokens=cfg.trainer.grpo.micro_batch_tokens,
+        buckets=tuple((b.name, b.tp) for b in f.buckets) if relayout else (),
+        layout=tuple(start) if relayout else (),
     )
+    if f.hybrids == 0 and len(layouts(shape)) < 2:
+        return None
     model = load_model(cfg.model.profile or str(model_dir))
     return Replanner(
         shape,
@@ -185,7 +193,7 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
         hw,
         planner_settings(cfg),
         ReplanPolicy(cfg.planner.replan),
-        Assignment(0, f.hybrids),
+        Assignment(0, f.hybrids, shape.layout),
     )
 
 

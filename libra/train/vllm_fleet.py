@@ -123,6 +123,10 @@ class VllmLauncher:
                 self._next += tp
         return self.placement[name]
 
+    def release(self, name: str) -> None:
+        """Free `name`'s GPUs (or cores) for the instances a layout change starts."""
+        self.placement.pop(name, None)
+
     def launch(self, model_dir: str, log_dir: Path) -> vllm.VllmLaunch:
         s = self.section
         extra = list(s.extra_args)

@@ -34,7 +34,7 @@ def work() -> Workload:
 
 def modelled(r: Replanner) -> dict[int, tuple[float, float]]:
     _, _, plans = r.best(work())
-    return {k: (p.t_train, p.t_rollout) for k, p in plans.items()}
+    return {a.train: (p.t_train, p.t_rollout) for a, p in plans.items()}
 
 
 def test_training_bound_step_moves_the_hybrid_to_training(tiny_model: Path) -> None:
