@@ -11,4 +11,5 @@ BENCHMARKS: dict[str, str] = {
     "sandbox": "sandbox",
     "service": "service",
     "proxy": "proxy",
+    "relayout": "relayout",
 }
