@@ -10,7 +10,8 @@ fleet there one instance at a time, on the devices the old instances free:
 2. as soon as enough devices are free for an instance of a bucket that has fewer than
    the layout wants, start it there at that bucket's TP size on the current weights and
    register it in the bucket at their version (`Fleet.serve`: a version published
-   meanwhile is loaded first);
+   meanwhile is loaded first); instances whose devices are free at the same time (two
+   TP-1 on the devices of one TP-2) start together;
 3. repeat until every bucket has its count.
 
 Instances are only ever taken from buckets above their target, and every target is at
@@ -24,6 +25,7 @@ lock at the version actually loaded.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -69,29 +71,38 @@ async def relayout(fleet: Fleet, want: dict[str, int], note: Note) -> dict[str, 
     steps = plan_moves(have, want, tp)
     t0 = time.monotonic()
     restarts: list[float] = []
-    freed_at: list[float] = []
-    for step in steps:
+    freed_at, fresh = t0, True  # fresh: the next stop frees devices for a new batch
+    starts: list[str] = []
+
+    async def start(bucket: str) -> None:
+        w = Worker(fleet.new_id("rollout"), "core-rollout", "switching", bucket)
+        fleet.workers.append(w)
+        start_s = await fleet.serve(w, bucket)
+        core.append(w)
+        version = fleet.pool.find(w.engine.url).version if fleet.pool and w.engine else -1
+        # its devices were idle from the stop that freed the first of them
+        restarts.append(time.monotonic() - freed_at)
+        note("instance-started", worker=w.id, bucket=bucket, tp=tp[bucket],
+             engine_start_s=start_s, version=version)  # fmt: skip
+
+    for i, step in enumerate(steps):
         bucket = step[1:]
         if step[0] == "-":
             w = next(w for w in reversed(core) if w.bucket == bucket and w.engine is not None)
-            t = time.monotonic()
+            if fresh:
+                freed_at, fresh = time.monotonic(), False
             took = await fleet.retire(w)
             fleet.launcher.release(w.id)
             fleet.workers.remove(w)
             core.remove(w)
-            freed_at.append(t)
             note("instance-stopped", worker=w.id, bucket=bucket, tp=tp[bucket], **took)
-        else:
-            w = Worker(fleet.new_id("rollout"), "core-rollout", "switching", bucket)
-            fleet.workers.append(w)
-            start_s = await fleet.serve(w, bucket)
-            core.append(w)
-            version = fleet.pool.find(w.engine.url).version if fleet.pool and w.engine else -1
-            # the devices it runs on were idle from the first stop that freed them
-            restarts.append(time.monotonic() - (freed_at[0] if freed_at else t0))
-            freed_at.clear()
-            note("instance-started", worker=w.id, bucket=bucket, tp=tp[bucket],
-                 engine_start_s=start_s, version=version)  # fmt: skip
+            continue
+        starts.append(bucket)
+        if i + 1 == len(steps) or steps[i + 1][0] == "-":  # start what the stops freed
+            async with asyncio.TaskGroup() as tg:
+                for b in starts:
+                    tg.create_task(start(b))
+            starts, fresh = [], True
     return {
         "steps": steps,
         "restart_s": max(restarts, default=0.0),
