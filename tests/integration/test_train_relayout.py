@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from libra.chat import ChatTokenizer
@@ -16,6 +17,8 @@ from libra.endpoints.pool import EndpointPool
 from libra.routing.base import Bucket
 from libra.train.engines import EmbeddedLauncher, Engine
 from libra.train.fleet import Fleet, TrainerHandle, Worker
+from libra.train.loop import Loop, LoopState
+from libra.train.planning import FleetShape, SwitchCosts
 from libra.train.relayout import relayout
 
 TP = {"short": 1, "long": 2}
@@ -90,6 +93,16 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
             def note(event: str, **fields: Any) -> None:
                 events.append({"event": event, **fields})
 
+            shape = FleetShape(3, 1, 0, buckets=tuple(TP.items()), layout=(1, 2))
+            loop = SimpleNamespace(
+                fleet=fleet,
+                replanner=SimpleNamespace(shape=shape),
+                report=SimpleNamespace(event=note),
+                state=LoopState(costs=SwitchCosts(10.0, 10.0)),
+                view=SimpleNamespace(switches=0),
+            )
+            loop._layout = lambda: Loop._layout(loop)  # type: ignore[arg-type]
+
             async def change() -> list[dict[str, Any]]:
                 await asyncio.sleep(0.3)
                 narrow = asyncio.create_task(relayout(fleet, {"short": 3, "long": 1}, note))
@@ -97,7 +110,9 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
                 await fleet.publish(1, str(newer))
                 took = [await narrow]
                 await asyncio.sleep(0.3)
-                took.append(await relayout(fleet, {"short": 1, "long": 2}, note))
+                # and back, the way the training loop applies a chosen layout
+                await Loop._relayout(loop, (1, 2))  # type: ignore[arg-type]
+                took.append(events[-1])
                 await asyncio.sleep(0.3)
                 done.set()
                 return took
@@ -110,6 +125,13 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
 
             assert took[0]["steps"] == ["-long", "+short", "+short"]  # one TP-2 -> two TP-1
             assert took[1]["steps"] == ["-short", "-short", "+long"]  # and back
+            assert took[1]["event"] == "relayout-done"
+            starts = [e for e in events if e["event"] == "relayout-start"]
+            assert starts == [{"event": "relayout-start", "have": {"short": 3, "long": 1},
+                               "want": {"short": 1, "long": 2}}]  # fmt: skip
+            # the planner's restart cost is now the one this change measured
+            assert loop.state.costs.restart_s == took[1]["restart_s"] > 0
+            assert loop.state.switches == 1
             assert empty == []  # no bucket was ever left without a server
             layout = [w.bucket or "" for w in fleet.workers if w.kind == "core-rollout"]
             assert sorted(layout) == ["long", "long", "short"]
