@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -77,7 +78,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         buckets = [(Bucket(b, n, 1024), urls[b]) for b, n in tp.items()]
         async with EndpointPool(buckets, EndpointConfig()) as pool:
             fleet.pool = pool
-            done = asyncio.Event()
+            done, baseline = asyncio.Event(), asyncio.Event()
 
             async def episode(i: int) -> None:
                 nonlocal failed
@@ -90,6 +91,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     except Exception:
                         failed += 1
                     lat.append((time.monotonic(), time.monotonic() - t))
+                    if len(lat) >= 4 * args.episodes:
+                        baseline.set()
                     n += 1
 
             events: list[dict[str, Any]] = []
@@ -97,7 +100,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             async with asyncio.TaskGroup() as tg:
                 for i in range(args.episodes):
                     tg.create_task(episode(i))
-                await asyncio.sleep(2.0)
+                await baseline.wait()  # some turns before the changes
                 t_change = time.monotonic()
                 for want in ({"short": 1, "long": 2}, {"short": 3, "long": 1}):
                     took = await relayout(
@@ -109,6 +112,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 done.set()
     finally:
         await fleet.close()
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
     before = [s for t, s in lat if t < t_change]
     during = [s for t, s in lat if t_change <= t <= t_end]
     return {
