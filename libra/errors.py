@@ -8,7 +8,10 @@
     │   └── EndpointDown       the endpoint is unreachable; its turn may go to a sibling
     ├── EnvError               an environment's own code failed (prompt, setup, reward)
     ├── ToolError              a tool failed; the episode records it as a tool `error`
-    └── SandboxError           a sandbox backend could not create / run / clean up
+    ├── SandboxError           a sandbox backend could not create / run / clean up
+    └── TrainerError           the trainer cannot go on: a core replica failed, or the store
+        │                      is gone
+        └── ReplicaDropped     this replica was dropped from training (raised in its ranks)
 
 Rule (prime-rl / verifiers): *a bad rollout is data, not a crash*. Inside an episode these
 exceptions are caught by the episode engine and become the trajectory's `status` and
@@ -60,6 +63,17 @@ class SandboxError(LibraError):
     """A sandbox backend failed to create, run in, or clean up a sandbox."""
 
 
+class TrainerError(LibraError):
+    """The trainer cannot go on: a core replica failed, or the store is gone."""
+
+
+class ReplicaDropped(TrainerError):
+    """This replica was dropped from training (it failed, or lost a recovery race).
+
+    Raised inside the dropped replica's own rank processes; the rest of the trainer goes
+    on without it (the driver sees a `dropped` membership event, not this exception)."""
+
+
 __all__ = [
     "ConfigError",
     "EndpointDown",
@@ -68,6 +82,8 @@ __all__ = [
     "LibraError",
     "ModelError",
     "RegistryError",
+    "ReplicaDropped",
     "SandboxError",
     "ToolError",
+    "TrainerError",
 ]

@@ -10,6 +10,7 @@
 See docs/grpo.md (the loss) and docs/elastic.md (membership, snapshots, failures).
 """
 
+from libra.errors import ReplicaDropped, TrainerError
 from libra.trainer.config import (
     ElasticConfig,
     EndpointRef,
@@ -18,10 +19,13 @@ from libra.trainer.config import (
     PublishConfig,
     TrainerConfig,
 )
-from libra.trainer.elastic import Dropped, TrainerError
 from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport
 from libra.trainer.samples import Sample, group_advantages, prepare
 from libra.trainer.trainer import ElasticTrainer
+
+Dropped = ReplicaDropped
+"""`ReplicaDropped`'s name before the trainer's errors joined `libra.errors`; kept so
+code that imported it from here goes on working."""
 
 __all__ = [
     "Dropped",
@@ -32,6 +36,7 @@ __all__ = [
     "MembershipEvent",
     "OptimConfig",
     "PublishConfig",
+    "ReplicaDropped",
     "ReplicaStatus",
     "Sample",
     "StepReport",

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from libra.errors import LibraError
+from libra.errors import ReplicaDropped, TrainerError
 from libra.trainer import grpo
 from libra.trainer.catchup import CatchUp
 from libra.trainer.config import TrainerConfig
@@ -41,14 +41,6 @@ from libra.trainer.samples import Sample
 from libra.trainer.snapshot import Donor, Job, addr_of, listen
 
 log = logging.getLogger("libra.trainer")
-
-
-class TrainerError(LibraError):
-    """The trainer cannot go on (a core replica failed, or the store is gone)."""
-
-
-class Dropped(LibraError):
-    """This replica was dropped from training (it failed, or lost a recovery race)."""
 
 
 @dataclass(slots=True)
@@ -311,7 +303,7 @@ class ElasticWorker:
         try:
             return self.replica.intra_sum(v)
         except RuntimeError as e:
-            raise (TrainerError if self.kind == "core" else Dropped)(
+            raise (TrainerError if self.kind == "core" else ReplicaDropped)(
                 f"{self.id}: a rank of this replica failed: {e}"
             ) from None
 
@@ -387,7 +379,7 @@ class ElasticWorker:
         store = connect(self.host, self.port, self.prefix)
         spec = Epoch.from_json(wait_key(store, f"epoch/{name}", self.ecfg.timeout_s))
         if self.id not in spec.ids():
-            raise Dropped(f"{self.id} is not a member of epoch {name}")
+            raise ReplicaDropped(f"{self.id} is not a member of epoch {name}")
         return spec, self._build(spec, store)
 
     def _build(self, ep: Epoch, store: Any = None) -> Any:
@@ -500,4 +492,4 @@ class Pending:
     donated: bool = False
 
 
-__all__ = ["Dropped", "ElasticWorker", "StepResult", "TrainerError", "token"]
+__all__ = ["ElasticWorker", "StepResult", "token"]

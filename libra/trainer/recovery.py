@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from libra.errors import ReplicaDropped, TrainerError
 from libra.trainer.groups import wait_key
 from libra.trainer.membership import Epoch, Member, assign_donors
 
@@ -53,8 +54,8 @@ def pending(w: ElasticWorker) -> bool:
 
 def recover(w: ElasticWorker, update: int) -> Outcome:
     """Take part in recovery after the all-reduce of `update` failed (or another rank
-    opened one while this rank was idle). Raises Dropped if this rank is left out."""
-    from libra.trainer.elastic import Dropped, TrainerError, token
+    opened one while this rank was idle). Raises ReplicaDropped if this rank is left out."""
+    from libra.trainer.elastic import token
 
     base = _base(w)
     w.store.set(f"{base}/open", "1")
@@ -76,7 +77,7 @@ def recover(w: ElasticWorker, update: int) -> Outcome:
     w.abandon_pending()  # its build times out on its own; close() waits for it
     if w.id not in spec.ids():
         w.left = True
-        raise Dropped(f"{w.id} was dropped from training by recovery {base}")
+        raise ReplicaDropped(f"{w.id} was dropped from training by recovery {base}")
     pg = w._build(spec)
     w.switch(spec, pg)
     dropped = sorted(old - set(spec.ids()))
@@ -104,8 +105,6 @@ def _expected(w: ElasticWorker) -> list[Member]:
 
 
 def _decide(w: ElasticWorker, base: str) -> Epoch:
-    from libra.trainer.elastic import TrainerError
-
     cfg = w.ecfg
     members = _expected(w)
     keys = {m.id: [f"{base}/report/{m.id}/{r}" for r in range(w.size)] for m in members}

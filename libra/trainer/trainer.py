@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from libra.errors import ConfigError
+from libra.errors import ConfigError, TrainerError
 from libra.record import Trajectory
 from libra.trainer import publish
 from libra.trainer.checkpoint import read_meta
 from libra.trainer.config import TrainerConfig
-from libra.trainer.elastic import StepResult, TrainerError
+from libra.trainer.elastic import StepResult
 from libra.trainer.groups import host_store
 from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport
 from libra.trainer.samples import partition, prepare, split_minibatches

@@ -21,3 +21,21 @@ def test_import_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_trainer_surface_and_its_errors() -> None:
+    """`libra.trainer` exports its API and the trainer's errors, which sit in Libra's
+    hierarchy (`Dropped` is the old name of `ReplicaDropped`)."""
+    import libra.trainer as trainer
+    from libra.errors import LibraError, ReplicaDropped, TrainerError
+
+    assert sorted(trainer.__all__) == sorted(
+        ["Dropped", "ElasticConfig", "ElasticTrainer", "EndpointRef", "GRPOConfig",
+         "MembershipEvent", "OptimConfig", "PublishConfig", "ReplicaDropped", "ReplicaStatus",
+         "Sample", "StepReport", "TrainerConfig", "TrainerError", "group_advantages",
+         "prepare"]
+    )  # fmt: skip
+    for name in trainer.__all__:
+        assert hasattr(trainer, name)
+    assert trainer.TrainerError is TrainerError and trainer.Dropped is ReplicaDropped
+    assert issubclass(ReplicaDropped, TrainerError) and issubclass(TrainerError, LibraError)
