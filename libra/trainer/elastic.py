@@ -34,7 +34,8 @@ from libra.errors import ReplicaDropped, TrainerError
 from libra.trainer import grpo
 from libra.trainer.catchup import CatchUp
 from libra.trainer.config import TrainerConfig
-from libra.trainer.groups import Background, connect, get_str, make_group, retire, wait_key
+from libra.trainer.device import cross_replica_group
+from libra.trainer.groups import Background, connect, get_str, retire, wait_key
 from libra.trainer.membership import ControlLayout, Epoch, Member, Summary, next_epoch
 from libra.trainer.replica import Replica, sumsq
 from libra.trainer.samples import Sample
@@ -268,8 +269,8 @@ class ElasticWorker:
             plans = grpo.plan_micro_batches(samples, self.cfg.grpo.micro_batch_tokens)
             count = self.replica.intra_max(len(plans))
         return grpo.backward(
-            self.replica.model, samples, self.cfg.grpo, dtype=self.cfg.dtype, old=old,
-            ref_model=self.replica.ref_model, count=count,
+            self.replica.model, samples, self.cfg.grpo, dtype=self.cfg.dtype,
+            device=self.replica.device, old=old, ref_model=self.replica.ref_model, count=count,
         )  # fmt: skip
 
     def _control(self, stats: grpo.LocalStats) -> list[float]:
@@ -383,9 +384,10 @@ class ElasticWorker:
         return spec, self._build(spec, store)
 
     def _build(self, ep: Epoch, store: Any = None) -> Any:
-        return make_group(
-            store or connect(self.host, self.port, self.prefix), f"{ep.name}/s{self.rank}",
-            ep.slot(self.id), len(ep.members), timeout_s=self.ecfg.timeout_s, host=self.host,
+        return cross_replica_group(
+            self.replica.device, store or connect(self.host, self.port, self.prefix),
+            f"{ep.name}/s{self.rank}", ep.slot(self.id), len(ep.members),
+            timeout_s=self.ecfg.timeout_s, host=self.host,
         )  # fmt: skip
 
     def _donate_early(self, u: int) -> None:

@@ -1,11 +1,12 @@
 """The rendezvous store and the per-epoch cross-replica process groups.
 
 One TCPStore serves the whole run (hosted by the driver, or by a test). Groups of an
-epoch are constructed directly, `ProcessGroupGloo(PrefixStore("{epoch}/s{shard}",
-store), rank, size)`: `new_group` cannot include a process that was not in the
-original world, and a replica's own internal group (the process's default group) must
-never be rebuilt. Construction runs in a thread (it releases the GIL while it waits
-for peers), so the next epoch's group is built while the current step computes.
+epoch are constructed directly over `PrefixStore("{epoch}/s{shard}", store)`
+(`libra.trainer.device.cross_replica_group`): `new_group` cannot include a process that
+was not in the original world, and a replica's own internal group (the process's
+default group) must never be rebuilt. Construction runs in a thread (it releases the
+GIL while it waits for peers), so the next epoch's group is built while the current
+step computes.
 
 Each thread that may block on the store gets its own client: a TCPStore client
 serialises its operations, and a blocking `wait` would stall every other caller.
@@ -26,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from torch.distributed import PrefixStore, ProcessGroupGloo, Store, TCPStore
+from torch.distributed import PrefixStore, Store, TCPStore
 
 STORE_TIMEOUT = datetime.timedelta(seconds=300)
 
@@ -40,16 +41,6 @@ def connect(host: str, port: int, prefix: str = "") -> Store:
     """A new client connection (one per thread that may block on it)."""
     store: Store = TCPStore(host, port, is_master=False, timeout=STORE_TIMEOUT)
     return PrefixStore(prefix, store) if prefix else store
-
-
-def make_group(
-    store: Store, prefix: str, rank: int, size: int, *, timeout_s: float, host: str
-) -> ProcessGroupGloo:
-    """A gloo group over `PrefixStore(prefix, store)`; blocks until all `size` join."""
-    opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    opts._timeout = datetime.timedelta(seconds=timeout_s)
-    opts._devices = [ProcessGroupGloo.create_device(hostname=host)]
-    return ProcessGroupGloo(PrefixStore(prefix, store), rank, size, opts)
 
 
 def get_str(store: Store, key: str) -> str:
@@ -103,7 +94,7 @@ class Background:
         return self._value
 
 
-def retire(pg: ProcessGroupGloo | None) -> threading.Thread | None:
+def retire(pg: Any) -> threading.Thread | None:
     """Shut a group down and drop it without blocking the caller (a shutdown can wait
     on a dead peer). Returns the thread doing it, for the owner to join before exit
     (not a daemon: see the module doc)."""
@@ -121,4 +112,4 @@ def retire(pg: ProcessGroupGloo | None) -> threading.Thread | None:
     return t
 
 
-__all__ = ["Background", "connect", "get_str", "host_store", "make_group", "retire", "wait_key"]
+__all__ = ["Background", "connect", "get_str", "host_store", "retire", "wait_key"]

@@ -17,13 +17,13 @@ Per loss token t of a sample with advantage A (see docs/grpo.md):
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from libra.trainer.config import GRPOConfig
+from libra.trainer.device import CPU, Device, autocast
 from libra.trainer.samples import Sample
 
 METRICS = ("loss", "pg", "kl", "clipped", "tis_capped", "mismatch_kl", "rollout_tokens")
@@ -94,17 +94,12 @@ def plan_micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]
     return plans
 
 
-def _autocast(dtype: str) -> contextlib.AbstractContextManager:
-    if dtype == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def token_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, temperature: float, dtype: str = "float32"
-) -> torch.Tensor:
+    model: torch.nn.Module, mb: MicroBatch, temperature: float, dtype: str = "float32",
+    *, device: Device = CPU,
+) -> torch.Tensor:  # fmt: skip
     """log softmax(logits / temperature) of each next token: [B, T-1] (float32)."""
-    with _autocast(dtype):
+    with autocast(device, dtype):
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
     logits = logits[:, :-1].float() / temperature
     targets = mb.input_ids[:, 1:].unsqueeze(-1)
@@ -187,6 +182,7 @@ def backward(
     cfg: GRPOConfig,
     *,
     dtype: str = "float32",
+    device: Device = CPU,
     old: Sequence[torch.Tensor] | None = None,
     ref_model: torch.nn.Module | None = None,
     count: int | None = None,
@@ -195,14 +191,15 @@ def backward(
 
     `old[i]` is sample i's per-position trainer log-prob before this version's first
     update ([length - 1]); None uses the current log-probs (ratio 1: one update per
-    batch). `count` forces that many passes (dummy ones when data runs out).
+    batch). `count` forces that many passes (dummy ones when data runs out). `device`
+    is the replica's (`Replica.device`): it sets the autocast of `dtype`.
     """
     stats = LocalStats()
     for idx, mb in micro_batches(samples, cfg.micro_batch_tokens, count):
         if mb is None:
             dummy_pass(model)
             continue
-        logp = token_logprobs(model, mb, cfg.temperature, dtype)
+        logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device)
         if old is None:
             prev = logp.detach()
         else:
@@ -212,7 +209,7 @@ def backward(
         ref = None
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                ref = token_logprobs(ref_model, mb, cfg.temperature, dtype)
+                ref = token_logprobs(ref_model, mb, cfg.temperature, dtype, device=device)
         total, m = token_loss(logp, prev, mb.rollout, mb.advantage, mb.mask, cfg, ref)
         total.backward()
         part = LocalStats(tokens=int(mb.mask.sum()), samples=len(idx), metrics=m)
@@ -227,6 +224,7 @@ def old_logprobs(
     cfg: GRPOConfig,
     *,
     dtype: str = "float32",
+    device: Device = CPU,
     count: int | None = None,
 ) -> list[torch.Tensor]:
     """Per-sample trainer log-probs under the current weights (before any update of
@@ -237,7 +235,7 @@ def old_logprobs(
             ids = torch.zeros(1, 2, dtype=torch.long)
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
             continue
-        logp = token_logprobs(model, mb, cfg.temperature, dtype)
+        logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device)
         for row, i in enumerate(idx):
             out[i] = logp[row, : mb.lengths[row] - 1].clone()
     return out

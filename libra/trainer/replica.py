@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from libra.trainer.config import TrainerConfig
+from libra.trainer.device import Device, parallelize, replica_mesh
 from libra.trainer.model import load_model
 
 
@@ -29,32 +30,20 @@ def _local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
 
 
-def shard(model: torch.nn.Module, size: int) -> None:
-    """FSDP2 over the default group: each decoder layer, then the root; plain sums."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (size,))
-    units = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-    for m in units:
-        fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    for m in [*units, model]:
-        # Sum (not average) inside the replica: the elastic layer divides by the global
-        # token count once. Gloo has no PREMUL_SUM, so force plain SUM collectives.
-        m.set_gradient_divide_factor(1.0)  # type: ignore[operator]
-        m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
-
-
 class Replica:
-    """Model + optimizer of one rank. `rank`/`size` are inside the replica."""
+    """Model + optimizer of one rank. `rank`/`size` are inside the replica; `device`
+    defaults to what `cfg` resolves to."""
 
-    def __init__(self, cfg: TrainerConfig, *, rank: int = 0, size: int = 1, model_dir=None):
+    def __init__(
+        self, cfg: TrainerConfig, *, rank: int = 0, size: int = 1, model_dir=None,
+        device: Device | None = None,
+    ):  # fmt: skip
         self.cfg = cfg
+        self.device = device or Device.resolve(cfg)
         self.rank, self.size = rank, size
         self.model = load_model(model_dir or cfg.model)
         if size > 1:
-            shard(self.model, size)
+            parallelize(self.model, replica_mesh(self.device, size), cfg)
         self.ref_model = None
         if cfg.grpo.kl_coef > 0:
             self.ref_model = load_model(cfg.model).eval().requires_grad_(False)
@@ -191,4 +180,4 @@ def sumsq(flat: torch.Tensor, chunk: int = 1 << 16) -> float:
     return total
 
 
-__all__ = ["Replica", "shard", "sumsq"]
+__all__ = ["Replica", "sumsq"]

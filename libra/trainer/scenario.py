@@ -8,7 +8,6 @@ No driver process is involved: the all-reduce paces everyone.
 
 from __future__ import annotations
 
-import datetime
 import json
 import multiprocessing as mp
 import os
@@ -93,24 +92,22 @@ def main(plan: MemberPlan) -> None:
     logging.basicConfig(
         level=os.environ.get("LIBRA_LOG", "WARNING"), format=f"[{plan.id}/{plan.rank}] %(message)s"
     )
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch.distributed as dist
 
     from libra.trainer.config import TrainerConfig
+    from libra.trainer.device import Device, init_process, init_replica_group
     from libra.trainer.elastic import ElasticWorker
     from libra.trainer.groups import connect
     from libra.trainer.replica import Replica
 
     cfg = TrainerConfig.model_validate_json(plan.config)
+    device = Device.resolve(cfg)
+    init_process(device)
     store = connect(cfg.elastic.host, plan.port, "libra")
     if plan.size > 1:
         base = connect(cfg.elastic.host, plan.port, f"replica/{plan.id}")
-        dist.init_process_group(
-            "gloo", store=base, rank=plan.rank, world_size=plan.size,
-            timeout=datetime.timedelta(seconds=cfg.elastic.timeout_s),
-        )  # fmt: skip
-    replica = Replica(cfg, rank=plan.rank, size=plan.size)
+        init_replica_group(device, base, plan.rank, plan.size, cfg.elastic.timeout_s)
+    replica = Replica(cfg, rank=plan.rank, size=plan.size, device=device)
     w = ElasticWorker(cfg, replica, member_id=plan.id, kind=plan.kind, store_port=plan.port)  # type: ignore[arg-type]
     try:
         with open(plan.log, "a") as log:

@@ -20,7 +20,6 @@ Errors go back as ("error", message); the process then exits.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import traceback
@@ -47,8 +46,6 @@ class WorkerSpec:
 
 
 def main(spec: WorkerSpec, conn: Connection) -> None:
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     logging.basicConfig(
         level=os.environ.get("LIBRA_LOG", "WARNING"),
         format=f"[{spec.member_id}/{spec.rank}] %(levelname)s %(message)s",
@@ -75,23 +72,21 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
 
 
 def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
-    import torch.distributed as dist
-
     from libra.trainer import checkpoint, grpo
     from libra.trainer.config import TrainerConfig
+    from libra.trainer.device import Device, init_process, init_replica_group
     from libra.trainer.elastic import ElasticWorker
     from libra.trainer.groups import connect
     from libra.trainer.recovery import pending, recover
     from libra.trainer.replica import Replica
 
     cfg = TrainerConfig.model_validate_json(spec.config)
+    device = Device.resolve(cfg)
+    init_process(device)
     if spec.size > 1:
-        dist.init_process_group(
-            "gloo", store=connect(cfg.elastic.host, spec.port, f"replica/{spec.member_id}"),
-            rank=spec.rank, world_size=spec.size,
-            timeout=datetime.timedelta(seconds=cfg.elastic.timeout_s),
-        )  # fmt: skip
-    replica = Replica(cfg, rank=spec.rank, size=spec.size, model_dir=spec.resume)
+        store = connect(cfg.elastic.host, spec.port, f"replica/{spec.member_id}")
+        init_replica_group(device, store, spec.rank, spec.size, cfg.elastic.timeout_s)
+    replica = Replica(cfg, rank=spec.rank, size=spec.size, model_dir=spec.resume, device=device)
     if spec.resume and spec.kind == "core":
         checkpoint.load_optimizer(replica, spec.resume)
     w = ElasticWorker(cfg, replica, member_id=spec.member_id, kind=spec.kind,  # type: ignore[arg-type]
@@ -113,7 +108,8 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
             shares, old = cmd[2], [None] * len(cmd[2])
             if cfg.grpo.minibatches > 1 and w.ready:  # the ratio's `old`: before any update
                 old = [grpo.old_logprobs(replica.model, s, cfg.grpo, dtype=cfg.dtype,
-                                         count=_count(w, s)) for s in shares]  # fmt: skip
+                                         device=device, count=_count(w, s))
+                       for s in shares]  # fmt: skip
             conn.send(("ok", None))
         elif op == "update":
             u, m = cmd[1], cmd[2]
