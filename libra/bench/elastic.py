@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from libra.cli.common import progress
     from libra.errors import ConfigError
     from libra.trainer.config import TrainerConfig
-    from libra.trainer.groups import host_store
+    from libra.trainer.rendezvous import host_store
     from libra.trainer.scenario import MemberPlan, run_scenario
 
     if args.global_samples < args.core + 1:

@@ -95,7 +95,7 @@ class CatchUp:
             self._cut()
             self._cv.notify_all()
         # A replay in flight runs torch code: let it finish (a thread inside torch at
-        # interpreter shutdown aborts the process; see libra.trainer.groups).
+        # interpreter shutdown aborts the process; see libra.trainer.rendezvous).
         self._thread.join(self.timeout_s)
 
     def _cut(self) -> None:

@@ -111,7 +111,7 @@ def cross_replica_group(
     """One epoch's group of shard j across replicas, over `PrefixStore(prefix, store)`;
     blocks until all `size` members join. Constructed directly rather than with
     `new_group`, which cannot include a process outside the original world (see
-    `libra.trainer.groups`). `timeout_s` bounds every collective on it (gloo cannot
+    `libra.trainer.rendezvous`). `timeout_s` bounds every collective on it (gloo cannot
     abort one); `host` is the address its sockets bind to."""
     from torch.distributed import PrefixStore, ProcessGroupGloo
 

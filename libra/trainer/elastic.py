@@ -35,8 +35,8 @@ from libra.trainer import grpo
 from libra.trainer.catchup import CatchUp
 from libra.trainer.config import TrainerConfig
 from libra.trainer.device import cross_replica_group
-from libra.trainer.groups import Background, connect, get_str, retire, wait_key
 from libra.trainer.membership import ControlLayout, Epoch, Member, Summary, next_epoch
+from libra.trainer.rendezvous import Background, connect, get_str, retire, wait_key
 from libra.trainer.replica import Replica, sumsq
 from libra.trainer.samples import Sample
 from libra.trainer.snapshot import Donor, Job, addr_of, listen
@@ -470,7 +470,7 @@ class ElasticWorker:
         """Stop every background thread of this rank before returning: snapshot streams,
         catch-up, group builds (each bounded by the group's timeout), then retire the
         groups and wait for that. A thread still inside torch's C++ code when the
-        interpreter shuts down aborts the process (see `libra.trainer.groups`)."""
+        interpreter shuts down aborts the process (see `libra.trainer.rendezvous`)."""
         self.donor.close()
         self.catchup.stop()
         self.listener.close()

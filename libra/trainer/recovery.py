@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from libra.errors import ReplicaDropped, TrainerError
-from libra.trainer.groups import wait_key
 from libra.trainer.membership import Epoch, Member, assign_donors
+from libra.trainer.rendezvous import wait_key
 
 if TYPE_CHECKING:
     from libra.trainer.elastic import ElasticWorker

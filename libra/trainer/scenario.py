@@ -97,7 +97,7 @@ def main(plan: MemberPlan) -> None:
     from libra.trainer.config import TrainerConfig
     from libra.trainer.device import Device, init_process, init_replica_group
     from libra.trainer.elastic import ElasticWorker
-    from libra.trainer.groups import connect
+    from libra.trainer.rendezvous import connect
     from libra.trainer.replica import Replica
 
     cfg = TrainerConfig.model_validate_json(plan.config)

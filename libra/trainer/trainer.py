@@ -30,7 +30,7 @@ from libra.trainer import publish
 from libra.trainer.checkpoint import read_meta
 from libra.trainer.config import TrainerConfig
 from libra.trainer.elastic import StepResult
-from libra.trainer.groups import host_store
+from libra.trainer.rendezvous import host_store
 from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport
 from libra.trainer.samples import partition, prepare, split_minibatches
 from libra.trainer.stepstats import aggregate

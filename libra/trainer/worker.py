@@ -64,7 +64,7 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
             pass
     finally:
         # Also after an error (once it is reported): a worker thread left inside torch
-        # when the interpreter shuts down aborts the process (libra.trainer.groups).
+        # when the interpreter shuts down aborts the process (libra.trainer.rendezvous).
         for w in opened:
             w.close()
         if torch.distributed.is_initialized():
@@ -76,8 +76,8 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     from libra.trainer.config import TrainerConfig
     from libra.trainer.device import Device, init_process, init_replica_group
     from libra.trainer.elastic import ElasticWorker
-    from libra.trainer.groups import connect
     from libra.trainer.recovery import pending, recover
+    from libra.trainer.rendezvous import connect
     from libra.trainer.replica import Replica
 
     cfg = TrainerConfig.model_validate_json(spec.config)

@@ -15,8 +15,8 @@ import torch
 
 from libra.trainer import grpo
 from libra.trainer.config import TrainerConfig
-from libra.trainer.groups import host_store
 from libra.trainer.model import load_model
+from libra.trainer.rendezvous import host_store
 from libra.trainer.scenario import MemberPlan, synthetic
 from tests.integration.test_elastic_helpers import config, micro_model, run_scenario
 

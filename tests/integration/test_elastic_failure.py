@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 
-from libra.trainer.groups import host_store
+from libra.trainer.rendezvous import host_store
 from libra.trainer.scenario import MemberPlan
 from tests.integration.test_elastic_helpers import config, micro_model, run_scenario
 
