@@ -6,19 +6,13 @@
         report = trainer.step(records)        # list[libra.Trajectory] -> StepReport
         trainer.add_hybrid("h0")              # joins live, catches up from a snapshot
         trainer.remove_hybrid("h0")           # leaves after the next update
+        trainer.save_weights("out/v1")        # an HF folder engines load (libra.weights)
 
 See docs/grpo.md (the loss) and docs/elastic.md (membership, snapshots, failures).
 """
 
 from libra.errors import ReplicaDropped, TrainerError
-from libra.trainer.config import (
-    ElasticConfig,
-    EndpointRef,
-    GRPOConfig,
-    OptimConfig,
-    PublishConfig,
-    TrainerConfig,
-)
+from libra.trainer.config import ElasticConfig, GRPOConfig, OptimConfig, TrainerConfig
 from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport
 from libra.trainer.samples import Sample, group_advantages, prepare
 from libra.trainer.trainer import ElasticTrainer
@@ -31,11 +25,9 @@ __all__ = [
     "Dropped",
     "ElasticConfig",
     "ElasticTrainer",
-    "EndpointRef",
     "GRPOConfig",
     "MembershipEvent",
     "OptimConfig",
-    "PublishConfig",
     "ReplicaDropped",
     "ReplicaStatus",
     "Sample",

@@ -100,29 +100,6 @@ class ElasticConfig(Config):
     """Rendezvous store port (0: pick a free one)."""
 
 
-class EndpointRef(Config):
-    """An inference endpoint that loads published weights."""
-
-    url: str
-    """Base URL, e.g. `http://127.0.0.1:8000`."""
-    kind: Literal["embedded", "vllm"] = "embedded"
-    """`embedded` (`libra serve-engine`) or `vllm` (started in dev mode by Libra)."""
-
-
-class PublishConfig(Config):
-    """Where new weights go after each step."""
-
-    dir: str | None = None
-    """Folder that receives one `v{version}` HF model folder per published version
-    (None: do not publish)."""
-    endpoints: list[EndpointRef] = Field(default_factory=list)
-    """Endpoints told to load each published folder (`libra.engine.weights`)."""
-    every: int = Field(1, ge=1)
-    """Publish every this many steps."""
-    keep: int = Field(3, ge=1)
-    """Versions kept on disk (older folders are deleted)."""
-
-
 class TrainerConfig(Config):
     """The elastic GRPO trainer (`[trainer]` in a `libra train` config)."""
 
@@ -137,7 +114,6 @@ class TrainerConfig(Config):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     elastic: ElasticConfig = Field(default_factory=ElasticConfig)
-    publish: PublishConfig = Field(default_factory=PublishConfig)
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
@@ -148,11 +124,4 @@ class TrainerConfig(Config):
         return self
 
 
-__all__ = [
-    "ElasticConfig",
-    "EndpointRef",
-    "GRPOConfig",
-    "OptimConfig",
-    "PublishConfig",
-    "TrainerConfig",
-]
+__all__ = ["ElasticConfig", "GRPOConfig", "OptimConfig", "TrainerConfig"]

@@ -69,8 +69,6 @@ class StepReport:
     """Seconds of this step the core spent on membership changes (see MembershipEvent)."""
     replicas: list[ReplicaStatus] = field(default_factory=list)
     events: list[MembershipEvent] = field(default_factory=list)
-    published: str | None = None
-    """Folder of the weights published after this step, if any."""
 
 
 __all__ = ["MembershipEvent", "ReplicaState", "ReplicaStatus", "StepReport"]

@@ -1,49 +1,43 @@
-"""`ElasticTrainer`: the API `libra train` drives. Owns the trainer processes.
+"""`ElasticTrainer`: the API `libra train` drives. Membership and the step, in the driver.
 
     trainer = ElasticTrainer(cfg)                  # or ElasticTrainer(cfg, resume=CKPT)
     trainer.start()                                # core replicas up, epoch 0 formed
     report = trainer.step(records)                 # one policy version (GRPO)
     trainer.add_hybrid("h0")                       # returns at once; joins live
     trainer.remove_hybrid("h0")                    # graceful: leaves after the next update
+    trainer.save_weights(path)                     # HF model folder (what engines load)
     trainer.save_checkpoint(path)                  # model folder + optimizer + version
     trainer.close()
 
-Each rank is a spawned process (`libra.trainer.worker`); this object talks to them over
-pipes, hosts the rendezvous store, computes advantages over whole groups, and splits each
-step's samples over the ranks that are ready. Every call blocks; from asyncio use
-`await asyncio.to_thread(trainer.step, records)`.
+Each rank is a spawned process (`libra.trainer.ranks`, `libra.trainer.worker`). This
+object keeps each replica's state (starting -> waiting -> joining -> ready -> leaving ->
+left, or dropped), computes advantages over whole groups, and splits each step's
+samples over the ranks that are ready. Getting new weights to inference engines is not
+its job: `libra.weights` asks it for a folder (`save_weights`). Every call blocks; from
+asyncio use `await asyncio.to_thread(trainer.step, records)`.
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from libra.errors import ConfigError, TrainerError
+from libra.errors import ConfigError
 from libra.record import Trajectory
-from libra.trainer import publish
 from libra.trainer.checkpoint import read_meta
 from libra.trainer.config import TrainerConfig
 from libra.trainer.elastic import StepResult
-from libra.trainer.rendezvous import host_store
+from libra.trainer.ranks import START_TIMEOUT_S, Key, Ranks
 from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport
-from libra.trainer.samples import partition, prepare, split_minibatches
+from libra.trainer.samples import Prepared, partition, prepare, split_minibatches
 from libra.trainer.stepstats import aggregate
-from libra.trainer.worker import WorkerSpec, main
 
-START_TIMEOUT_S = 900.0
-
-
-@dataclass(slots=True)
-class _Rank:
-    process: Any
-    conn: Connection
-    alive: bool = True
+LIVE = ("waiting", "joining", "ready", "leaving")
+"""States of a replica whose processes take part in every update."""
+COORDINATOR: Key = ("core0", 0)
+"""Core replica 0's rank 0 decides epochs; its results are the step's."""
 
 
 class ElasticTrainer:
@@ -51,15 +45,12 @@ class ElasticTrainer:
 
     def __init__(self, cfg: TrainerConfig, *, resume: str | None = None):
         self.cfg = cfg
-        self.resume = resume
         meta = read_meta(resume) if resume else {}
         if resume and not meta:
             raise ConfigError(f"{resume} is not a trainer checkpoint (no trainer_state.json)")
         self.version = int(meta.get("version", 0))
         self.updates = int(meta.get("updates", 0))
-        self._store: Any = None
-        self._ctx = mp.get_context("spawn")
-        self._ranks: dict[str, list[_Rank]] = {}
+        self._ranks = Ranks(cfg, resume=resume)
         self._status: dict[str, ReplicaStatus] = {}
         self._spawned: dict[str, float] = {}
         self._events: list[MembershipEvent] = []
@@ -69,9 +60,8 @@ class ElasticTrainer:
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
-        e = self.cfg.elastic
-        self._store = host_store(e.host, e.port)
-        core = [f"core{i}" for i in range(e.core_replicas)]
+        self._ranks.start()
+        core = [f"core{i}" for i in range(self.cfg.elastic.core_replicas)]
         for c in core:
             self._spawn(c, "core", core)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -79,20 +69,7 @@ class ElasticTrainer:
             self._await_ready(c, deadline)
 
     def close(self) -> None:
-        for ranks in self._ranks.values():
-            for r in ranks:
-                if r.alive and r.process.is_alive():
-                    try:
-                        r.conn.send(("stop",))
-                    except OSError:
-                        pass
-        for ranks in self._ranks.values():
-            for r in ranks:
-                r.process.join(30)
-                if r.process.is_alive():
-                    r.process.kill()
-                    r.process.join()
-        self._ranks.clear()
+        self._ranks.close()
 
     def __enter__(self) -> ElasticTrainer:
         self.start()
@@ -122,10 +99,10 @@ class ElasticTrainer:
             return
         if st.state == "starting":
             self._await_ready(replica_id, time.monotonic() + START_TIMEOUT_S)
-        replies = self._ask(replica_id, ("leave",))
+        replies = self._ranks.ask(replica_id, ("leave",))
         if any(r == ("ok", "withdrawn") for r in replies):
             st.state = "left"
-            self._reap(replica_id)
+            self._ranks.reap(replica_id)
         else:
             st.state = "leaving"
 
@@ -135,182 +112,106 @@ class ElasticTrainer:
             ReplicaStatus(**{f: getattr(s, f) for f in s.__slots__}) for s in self._status.values()
         ]
 
+    def take_events(self) -> list[MembershipEvent]:
+        out, self._events = self._events, []
+        return out
+
     # -- training ---------------------------------------------------------------------
 
     def step(self, records: Iterable[Trajectory]) -> StepReport:
         """Train one policy version on `records` (all of them; groups whole)."""
         t0 = time.perf_counter()
-        g = self.cfg.grpo
-        prep = prepare(records, version=self.version, cfg=g)
+        prep = prepare(records, version=self.version, cfg=self.cfg.grpo)
         self._poll_starting()
-        live = [
-            rid
-            for rid, s in self._status.items()
-            if s.state in ("waiting", "joining", "ready", "leaving")
-        ]
-        ready = [rid for rid in live if self._status[rid].state in ("ready", "leaving")]
-        slots = [(rid, k) for rid in ready for k in range(len(self._ranks[rid]))]
-        shares: dict[tuple[str, int], list[list[Any]]] = {s: [] for s in slots}
-        for mb in split_minibatches(prep.samples, g.minibatches):
-            for s, part in zip(slots, partition(mb, len(slots)), strict=True):
-                shares[s].append(part)
-        for rid in live:
-            for k, r in enumerate(self._ranks[rid]):
-                self._send(r, ("version", self.version, shares.get((rid, k), [])))
-        self._collect(live)
+        live = self._live()
+        self._hand_out(prep, live)
         results: list[StepResult] = []
-        for m in range(g.minibatches):
+        for m in range(self.cfg.grpo.minibatches):
             u = self.updates + 1
-            replies = self._broadcast_update(u, m)
-            results.append(replies[self._coordinator()])
+            replies = self._update(u, m)
+            results.append(replies[COORDINATOR])
             self._membership(replies)
             self.updates = u
         self.version += 1
-        report = aggregate(self, prep, results, time.perf_counter() - t0)
-        if self.cfg.publish.dir and self.version % self.cfg.publish.every == 0:
-            report.published = str(self.publish())
-        return report
+        return aggregate(self, prep, results, time.perf_counter() - t0)
 
-    def publish(self) -> Any:
-        """Write the current weights as `{publish.dir}/v{version}` and tell endpoints."""
-        cfg = self.cfg.publish
-        if cfg.dir is None:
-            raise ConfigError("trainer.publish.dir is not set")
-        path = publish.version_dir(cfg, self.version)
-        self._ask(self._core0(), ("save", str(path), {"version": self.version}, False))
-        publish.notify(cfg, path)
-        publish.prune(cfg)
-        return path
+    def save_weights(self, path: str) -> str:
+        """The current weights as an HF model folder at `path` (no optimizer), written
+        atomically by core replica 0: what `libra.weights` hands to inference engines."""
+        self._ranks.ask("core0", ("save", str(path), {"version": self.version}, False))
+        return str(path)
 
     def save_checkpoint(self, path: str) -> str:
         """Model folder + optimizer + version at `path` (resume with `resume=path`)."""
-        self._ask(self._core0(), ("save", str(path), {"version": self.version}, True))
+        self._ranks.ask("core0", ("save", str(path), {"version": self.version}, True))
         return str(path)
 
     def state_hashes(self) -> dict[str, list[str]]:
         """Hash of parameters + optimizer state per ready replica, per rank."""
         return {
-            rid: [str(v) for v in self._ask(rid, ("hash",))]
+            rid: [str(v) for v in self._ranks.ask(rid, ("hash",))]
             for rid, s in self._status.items()
             if s.state in ("ready", "leaving")
         }
 
-    # -- internals --------------------------------------------------------------------
+    # -- the step's parts -------------------------------------------------------------
 
-    def _core0(self) -> str:
-        return "core0"
+    def _live(self) -> list[str]:
+        return [rid for rid, s in self._status.items() if s.state in LIVE]
 
-    def _coordinator(self) -> tuple[str, int]:
-        return ("core0", 0)
+    def _hand_out(self, prep: Prepared, live: list[str]) -> None:
+        """Give every live rank its share of each mini-batch (ready ranks only train;
+        the others get empty shares but still take part in every update)."""
+        ready = [rid for rid in live if self._status[rid].state in ("ready", "leaving")]
+        slots = [(rid, k) for rid in ready for k in range(self._ranks.size(rid))]
+        shares: dict[Key, list[list[Any]]] = {s: [] for s in slots}
+        for mb in split_minibatches(prep.samples, self.cfg.grpo.minibatches):
+            for s, part in zip(slots, partition(mb, len(slots)), strict=True):
+                shares[s].append(part)
+        for rid in live:
+            for k in range(self._ranks.size(rid)):
+                self._ranks.send(rid, k, ("version", self.version, shares.get((rid, k), [])))
+        self._collect(live)
+
+    def _update(self, u: int, m: int) -> dict[Key, StepResult]:
+        """Run mini-batch `m` as optimizer update `u` on every live rank."""
+        live = self._live()
+        for rid in live:
+            self._ranks.broadcast(rid, ("update", u, m))
+        got = self._collect(live)
+        return {k: v[1] for k, v in got.items() if v[0] == "step"}
+
+    def _collect(self, rids: list[str]) -> dict[Key, Any]:
+        got, failed = self._ranks.collect(rids)
+        for rid in failed:
+            self._drop(rid)
+        return got
+
+    # -- the membership state machine -------------------------------------------------
 
     def _spawn(self, rid: str, kind: str, core: list[str]) -> None:
-        e = self.cfg.elastic
-        ranks = []
-        for k in range(e.replica_ranks):
-            parent, child = self._ctx.Pipe()
-            spec = WorkerSpec(
-                config=self.cfg.model_dump_json(), member_id=rid, kind=kind, rank=k,
-                size=e.replica_ranks, core_ids=core, port=self._store.port,
-                resume=self.resume if kind == "core" else None,
-            )  # fmt: skip
-            p = self._ctx.Process(
-                target=main, args=(spec, child), name=f"libra-{rid}-{k}", daemon=True
-            )
-            p.start()
-            child.close()
-            ranks.append(_Rank(p, parent))
-        self._ranks[rid] = ranks
-        self._status[rid] = ReplicaStatus(rid, kind, "starting", e.replica_ranks)  # type: ignore[arg-type]
+        self._ranks.spawn(rid, kind, core)
+        ranks = self.cfg.elastic.replica_ranks
+        self._status[rid] = ReplicaStatus(rid, kind, "starting", ranks)  # type: ignore[arg-type]
         self._spawned[rid] = time.perf_counter()
 
     def _await_ready(self, rid: str, deadline: float) -> None:
-        for r in self._ranks[rid]:
-            while not r.conn.poll(0.1):
-                if not r.process.is_alive():
-                    raise TrainerError(f"replica {rid} exited during start (see its log)")
-                if time.monotonic() > deadline:
-                    raise TrainerError(f"replica {rid} did not start in {START_TIMEOUT_S:.0f}s")
-            self._expect(rid, r.conn.recv(), "ready")
+        """starting -> ready (core) or waiting (a hybrid, once it has registered)."""
+        self._ranks.await_ready(rid, deadline)
         st = self._status[rid]
         st.start_s = time.perf_counter() - self._spawned[rid]
         if st.kind == "hybrid":
-            self._ask(rid, ("register",))
+            self._ranks.ask(rid, ("register",))
         st.state = "ready" if st.kind == "core" else "waiting"
 
     def _poll_starting(self) -> None:
         for rid, st in self._status.items():
-            if st.state == "starting" and all(r.conn.poll() for r in self._ranks[rid]):
+            if st.state == "starting" and self._ranks.answered(rid):
                 self._await_ready(rid, time.monotonic() + 60)
 
-    def _expect(self, rid: str, msg: Any, kind: str) -> Any:
-        if msg[0] == "error":
-            raise TrainerError(f"replica {rid}: {msg[1]}")
-        if msg[0] != kind:
-            raise TrainerError(f"replica {rid}: expected {kind!r}, got {msg[0]!r}")
-        return msg[1]
-
-    def _send(self, r: _Rank, cmd: tuple) -> None:
-        try:
-            r.conn.send(cmd)
-        except OSError:
-            r.alive = False
-
-    def _ask(self, rid: str, cmd: tuple) -> list[Any]:
-        for r in self._ranks[rid]:
-            self._send(r, cmd)
-        return [self._expect(rid, r.conn.recv(), "ok") if cmd[0] != "leave" else r.conn.recv()
-                for r in self._ranks[rid]]  # fmt: skip
-
-    def _collect(self, rids: list[str]) -> dict[tuple[str, int], Any]:
-        """One reply per live rank of `rids`; hybrids that die or stay silent once the
-        core has answered (plus the report window) are marked dropped."""
-        want = {(rid, k): r for rid in rids for k, r in enumerate(self._ranks[rid]) if r.alive}
-        got: dict[tuple[str, int], Any] = {}
-        core_done_at = None
-        grace = self.cfg.elastic.report_window_s + 5
-        while len(got) < len(want):
-            pending: dict[Any, tuple[str, int]] = {
-                r.conn: key for key, r in want.items() if key not in got
-            }
-            for conn in wait(list(pending), timeout=0.2):
-                key = pending[conn]
-                try:
-                    got[key] = conn.recv()  # type: ignore[union-attr,call-arg]
-                except (EOFError, OSError):
-                    got[key] = ("dead", None)
-            core_left = [k for k in want if k not in got and self._status[k[0]].kind == "core"]
-            if not core_left and core_done_at is None:
-                core_done_at = time.monotonic()
-            if core_done_at is not None and time.monotonic() - core_done_at > grace:
-                for key in want:
-                    got.setdefault(key, ("dead", None))
-            for key in core_left:
-                if not want[key].process.is_alive() and key not in got:
-                    raise TrainerError(f"core replica {key[0]} rank {key[1]} died")
-        for key, msg in got.items():
-            if msg[0] == "dead":
-                self._drop(key[0])
-            elif msg[0] == "error":
-                if self._status[key[0]].kind == "core":
-                    raise TrainerError(f"core replica {key[0]}: {msg[1]}")
-                self._drop(key[0])
-        return got
-
-    def _broadcast_update(self, u: int, m: int) -> dict[tuple[str, int], StepResult]:
-        live = [
-            rid
-            for rid, s in self._status.items()
-            if s.state in ("waiting", "joining", "ready", "leaving")
-        ]
-        for rid in live:
-            for r in self._ranks[rid]:
-                if r.alive:
-                    self._send(r, ("update", u, m))
-        got = self._collect(live)
-        return {k: v[1] for k, v in got.items() if v[0] == "step"}
-
-    def _membership(self, replies: dict[tuple[str, int], StepResult]) -> None:
-        coord = replies[self._coordinator()]
+    def _membership(self, replies: dict[Key, StepResult]) -> None:
+        """What one update changed, as the coordinator and each hybrid's rank 0 saw it."""
+        coord = replies[COORDINATOR]
         stall = sum(coord.timings.get(k, 0.0) for k in ("wait_group_s", "wait_copy_s", "recover_s"))
         for rid in coord.dropped:
             self._drop(rid, coord.update, coord.timings.get("recover_s", 0.0))
@@ -323,7 +224,7 @@ class ElasticTrainer:
                 self._events.append(
                     MembershipEvent("left", rid, res.update, stall_s=stall, reason=res.reason)
                 )
-                self._reap(rid)
+                self._ranks.reap(rid)
             elif res.became_ready:
                 st.state = "ready"
                 st.join_latency_s = res.join_latency_s
@@ -340,20 +241,7 @@ class ElasticTrainer:
             return
         st.state = "dropped"
         self._events.append(MembershipEvent("dropped", rid, update or self.updates, stall_s=stall))
-        for r in self._ranks[rid]:
-            r.alive = False
-            if r.process.is_alive():
-                r.process.kill()
-        self._reap(rid)
-
-    def _reap(self, rid: str) -> None:
-        for r in self._ranks[rid]:
-            r.alive = False
-            r.process.join(30)
-
-    def take_events(self) -> list[MembershipEvent]:
-        out, self._events = self._events, []
-        return out
+        self._ranks.kill(rid)
 
 
 __all__ = ["ElasticTrainer"]

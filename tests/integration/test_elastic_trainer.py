@@ -1,9 +1,10 @@
 """`ElasticTrainer`, the API `libra train` drives, end to end with real processes: GRPO
-steps on trajectory records, a hybrid replica added and removed live, weights published
-into a real `libra serve-engine` process, checkpoint and bit-exact resume."""
+steps on trajectory records, a hybrid replica added and removed live, saved weights
+loaded into a real `libra serve-engine` process, checkpoint and bit-exact resume."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
@@ -63,6 +64,15 @@ def served_logprob(base: str, prompt: list[int]) -> tuple[int, float]:
     return c["token_ids"][0], c["logprobs"]["token_logprobs"][0]
 
 
+async def load_into(base: str, folder: str) -> None:
+    import aiohttp
+
+    from libra.engine.weights import load_weights
+
+    async with aiohttp.ClientSession() as session:
+        await load_weights(session, base, "embedded", folder)
+
+
 def folder_logprob(folder: str, prompt: list[int], tok: int) -> float:
     from transformers import AutoModelForCausalLM
 
@@ -88,13 +98,12 @@ def engine(tiny_model: Path):
         proc.wait()
 
 
-def test_trainer_steps_joins_leaves_publishes_and_resumes(tiny_model, engine, tmp_path):
+def test_trainer_steps_joins_leaves_saves_weights_and_resumes(tiny_model, engine, tmp_path):
     cfg = TrainerConfig(
         model=str(tiny_model),
         grpo={"minibatches": 2, "micro_batch_tokens": 256},
         optim={"lr": 1e-2},
         elastic={"core_replicas": 1, "timeout_s": 60},
-        publish={"dir": str(tmp_path / "pub"), "endpoints": [{"url": engine}], "keep": 2},
     )
     prompt = [5, 17, 300, 42]
     tok, before = served_logprob(engine, prompt)
@@ -106,10 +115,12 @@ def test_trainer_steps_joins_leaves_publishes_and_resumes(tiny_model, engine, tm
         assert r.dropped_records == {"aborted": 1}
         want = sum(sum(t.loss_mask) for t in records(0) if t.status != "aborted")
         assert r.tokens == want and r.samples == 12 and r.groups == 3
-        assert r.published == str(tmp_path / "pub" / "v1")
-        # the engine now serves exactly the published weights
+        folder = trainer.save_weights(str(tmp_path / "weights" / "v1"))
+        assert folder == str(tmp_path / "weights" / "v1")
+        asyncio.run(load_into(engine, folder))
+        # the engine now serves exactly the saved weights
         tok2, after = served_logprob(engine, prompt)
-        expected = folder_logprob(r.published, prompt, tok2)
+        expected = folder_logprob(folder, prompt, tok2)
         assert after == pytest.approx(expected, abs=1e-3)
         assert abs(after - before) > 1e-3 or tok2 != tok
 
@@ -130,10 +141,6 @@ def test_trainer_steps_joins_leaves_publishes_and_resumes(tiny_model, engine, tm
         r = trainer.step(records(501))
         assert [e.kind for e in r.events] == ["left"]
         assert {x.id: x.state for x in r.replicas}["h0"] == "left"
-        assert sorted(p.name for p in (tmp_path / "pub").iterdir()) == [
-            f"v{r.version - 1}",
-            f"v{r.version}",
-        ]  # keep = 2
 
         ckpt = trainer.save_checkpoint(str(tmp_path / "ckpt"))
         version = trainer.version
@@ -144,8 +151,7 @@ def test_trainer_steps_joins_leaves_publishes_and_resumes(tiny_model, engine, tm
     assert (Path(ckpt) / "model.safetensors").is_file() and (
         Path(ckpt) / "tokenizer.json"
     ).is_file()
-    quiet = TrainerConfig.model_validate({**cfg.model_dump(), "publish": {}})
-    resumed = ElasticTrainer(quiet, resume=ckpt)
+    resumed = ElasticTrainer(cfg, resume=ckpt)
     try:
         resumed.start()
         assert resumed.version == version

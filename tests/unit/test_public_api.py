@@ -30,10 +30,9 @@ def test_trainer_surface_and_its_errors() -> None:
     from libra.errors import LibraError, ReplicaDropped, TrainerError
 
     assert sorted(trainer.__all__) == sorted(
-        ["Dropped", "ElasticConfig", "ElasticTrainer", "EndpointRef", "GRPOConfig",
-         "MembershipEvent", "OptimConfig", "PublishConfig", "ReplicaDropped", "ReplicaStatus",
-         "Sample", "StepReport", "TrainerConfig", "TrainerError", "group_advantages",
-         "prepare"]
+        ["Dropped", "ElasticConfig", "ElasticTrainer", "GRPOConfig", "MembershipEvent",
+         "OptimConfig", "ReplicaDropped", "ReplicaStatus", "Sample", "StepReport",
+         "TrainerConfig", "TrainerError", "group_advantages", "prepare"]
     )  # fmt: skip
     for name in trainer.__all__:
         assert hasattr(trainer, name)
