@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -36,49 +34,18 @@ from libra.trainer.catchup import CatchUp
 from libra.trainer.config import TrainerConfig
 from libra.trainer.device import cross_replica_group
 from libra.trainer.membership import ControlLayout, Epoch, Member, Summary, next_epoch
-from libra.trainer.rendezvous import Background, connect, get_str, retire, wait_key
+from libra.trainer.rendezvous import Background, GroupReaper, connect, get_str, wait_key
 from libra.trainer.replica import Replica, sumsq
+from libra.trainer.report import StepResult
 from libra.trainer.samples import Sample
 from libra.trainer.snapshot import Donor, Job, addr_of, listen
+from libra.trainer.standing import MemberState, Pending
 
 log = logging.getLogger("libra.trainer")
 
 
-@dataclass(slots=True)
-class StepResult:
-    """One optimizer update as one rank saw it. Sums are global (all replicas)."""
-
-    update: int
-    applied: bool
-    """This rank's state now includes `update` (false while catching up)."""
-    contributed: bool
-    """This rank trained on its samples (its gradient was real)."""
-    tokens: int = 0
-    samples: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    grad_norm: float = 0.0
-    lr: float = 0.0
-    epoch: str = ""
-    members: list[str] = field(default_factory=list)
-    joining: list[str] = field(default_factory=list)
-    """Members admitted by this update (they are in the next epoch)."""
-    leaving: list[str] = field(default_factory=list)
-    """Members that left after this update."""
-    dropped: list[str] = field(default_factory=list)
-    """Members a failure recovery dropped during this call."""
-    became_ready: bool = False
-    """This rank finished catching up with this update (its first real gradient is next)."""
-    join_latency_s: float | None = None
-    """With `became_ready`: seconds from registration to now."""
-    left: bool = False
-    """This rank left training after this update."""
-    reason: str | None = None
-    """With `left`: why, when the replica gave up by itself (its snapshot was too slow)
-    rather than being asked to leave."""
-    timings: dict[str, float] = field(default_factory=dict)
-
-
 def token(epoch: Epoch, member_id: str, rank: int) -> str:
+    """Names one snapshot: the epoch that asks for it and its recipient rank."""
     return f"{epoch.name}/{member_id}/{rank}"
 
 
@@ -104,42 +71,24 @@ class ElasticWorker:
                            timeout_s=self.ecfg.timeout_s)  # fmt: skip
         self.catchup = CatchUp(replica, self.listener, timeout_s=self.ecfg.timeout_s,
                                max_mb=self.ecfg.max_catchup_mb)  # fmt: skip
-        self.epoch: Epoch | None = None
-        self.pg: Any = None
-        self.pending: Pending | None = None
-        self.next_spec: Epoch | None = None
-        """The next epoch when this rank knows it (coordinator, joiners): recovery uses it."""
-        self.ready = kind == "core"
-        self.update = replica.updates
-        self.leaving = False
-        self.leave_reason: str | None = None
-        self.left = False
-        self.ticket = 0
-        self.coordinator = False
-        self._scanned = 0
-        self._joins: list[Member] = []
-        self.registered_at = 0.0
-        self.ready_after_s: float | None = None
-        self._abandoned: list[Background] = []
-        """Group builds of epochs that a recovery replaced: `close` waits for them."""
-        self._retiring: list[threading.Thread] = []
-        self.ready_ids: set[str] = set()
-        """Members that were current at the last update and stay (its ready flags minus
-        its leavers): every member knows the same set, e.g. to split a global batch."""
-        """Seconds from registration to the first real gradient (hybrids)."""
+        self.groups = GroupReaper()
+        self.state = MemberState(update=replica.updates, ready=kind == "core")
+        """Where this rank stands (epochs, flags, ticket): changed only by the methods
+        of this class, recovery's included."""
 
     # -- membership entry points ------------------------------------------------------
 
     def start_core(self, core_ids: list[str]) -> None:
         """Core replicas: form epoch 0 (blocking; all core ranks call it)."""
-        self.coordinator = self.id == core_ids[0] and self.rank == 0
-        self.ready_ids = set(core_ids)
+        st = self.state
+        st.coordinator = self.id == core_ids[0] and self.rank == 0
+        st.ready_ids = set(core_ids)
         ep = Epoch(
-            number=0, name="e0", start=self.update + 1,
+            number=0, name="e0", start=st.update + 1,
             members=tuple(Member(c, "core") for c in core_ids), ready=frozenset(core_ids),
         )  # fmt: skip
-        self.pg = self._build(ep)
-        self.epoch = ep
+        st.pg = self._build(ep)
+        st.epoch = ep
 
     def register(self) -> int:
         """Hybrids: ask to join; returns the ticket. Admission comes at a later update."""
@@ -155,14 +104,14 @@ class ElasticWorker:
             self.store.set(f"ticket/{t[0]}", json.dumps(record))
         if self.size > 1:
             dist.broadcast_object_list(t, src=0)
-        self.ticket, self.registered_at = t[0], time.perf_counter()
-        return self.ticket
+        self.state.ticket, self.state.registered_at = t[0], time.perf_counter()
+        return self.state.ticket
 
     def poll_admission(self) -> bool:
         """Non-blocking: has the coordinator admitted our ticket? Enters its epoch if so."""
-        if self.epoch is not None or self.pending is not None:
+        if self.state.epoch is not None or self.state.pending is not None:
             return True
-        key = f"ticket/{self.ticket}/admit"
+        key = f"ticket/{self.state.ticket}/admit"
         if not self.store.check([key]):
             return False
         self._admitted(get_str(self.store, key))
@@ -170,25 +119,26 @@ class ElasticWorker:
 
     def wait_admission(self, timeout_s: float) -> None:
         if not self.poll_admission():
-            self._admitted(wait_key(self.store, f"ticket/{self.ticket}/admit", timeout_s))
+            self._admitted(wait_key(self.store, f"ticket/{self.state.ticket}/admit", timeout_s))
 
     def cancel(self) -> bool:
         """Withdraw a registration; False if the coordinator admitted it first (then
         leave through `leave()` at the first step instead)."""
-        got = self.store.compare_set(f"ticket/{self.ticket}/state", "", "cancelled")
+        got = self.store.compare_set(f"ticket/{self.state.ticket}/state", "", "cancelled")
         return bytes(got) == b"cancelled"
 
     def member_at(self, update: int) -> bool:
         """Does this rank take part in `update`?"""
-        if self.epoch is not None and not self.left:
+        st = self.state
+        if st.epoch is not None and not st.left:
             return True
-        return self.pending is not None and self.pending.start <= update
+        return st.pending is not None and st.pending.start <= update
 
     def leave(self) -> None:
         """Leave after the next update (the flag rides on its all-reduce)."""
         if self.kind == "core":
             raise TrainerError("core replicas are fixed; only hybrid replicas leave")
-        self.leaving = True
+        self.state.leaving = True
 
     # -- one update -------------------------------------------------------------------
 
@@ -197,23 +147,24 @@ class ElasticWorker:
     ) -> StepResult:
         from libra.trainer.recovery import recover
 
+        st = self.state
         clock = time.perf_counter
         t0 = clock()
         tm: dict[str, float] = {}
-        u = self.update + 1
+        u = st.update + 1
         self._donate_early(u)  # the staging copy runs while this update computes
         self.donor.tick()
-        if not self.ready and self.catchup.error:
+        if not st.ready and self.catchup.error:
             if self.kind == "core":
                 raise TrainerError(f"{self.id}/{self.rank}: {self.catchup.error}")
-            if not self.leaving:  # give up gracefully; the driver may add it again
+            if not st.leaving:  # give up gracefully; the driver may add it again
                 log.warning("%s/%d: %s; leaving", self.id, self.rank, self.catchup.error)
-                self.leaving = True
-                self.leave_reason = self.catchup.error
+                st.leaving = True
+                st.leave_reason = self.catchup.error
         dropped: list[str] = []
-        contributed = self.ready and bool(samples)
+        contributed = st.ready and bool(samples)
         t = clock()
-        stats = self._compute(list(samples), old) if self.ready else grpo.LocalStats()
+        stats = self._compute(list(samples), old) if st.ready else grpo.LocalStats()
         tm["compute_s"] = clock() - t
         # The next epoch's group was built in the background during the compute.
         tm["wait_group_s"] = self._maybe_switch(u)
@@ -221,7 +172,7 @@ class ElasticWorker:
             t = clock()
             flat = self.bufs[u % 2]
             n = self.replica.grad_numel
-            if self.ready:
+            if st.ready:
                 self.replica.pack_grads(flat)
             else:
                 flat[:n].zero_()
@@ -244,21 +195,21 @@ class ElasticWorker:
         became_ready = False
         norm = 0.0
         t = clock()
-        if self.ready:
+        if st.ready:
             tm["wait_copy_s"] = self.donor.wait_copied()
             norm = self.replica.apply(flat[:n], s.tokens, gsq)
         elif votes == self.size:
             norm = self.replica.apply(flat[:n], s.tokens, gsq)
-            self.ready = became_ready = True
+            st.ready = became_ready = True
             self.catchup.finish()
-            self.ready_after_s = clock() - self.registered_at
+            st.ready_after_s = clock() - st.registered_at
         else:
             self.catchup.push(u, flat[:n].clone(), s.tokens, gsq)
         tm["apply_s"] = clock() - t
-        self.update = u
-        res = self._result(u, s, norm, self.ready, contributed, tm, t0, dropped)
+        st.update = u
+        res = self._result(u, s, norm, st.ready, contributed, tm, t0, dropped)
         res.became_ready = became_ready
-        res.join_latency_s = self.ready_after_s if became_ready else None
+        res.join_latency_s = st.ready_after_s if became_ready else None
         self._after(s, u, res)
         res.timings["total_s"] = clock() - t0
         return res
@@ -274,18 +225,19 @@ class ElasticWorker:
         )  # fmt: skip
 
     def _control(self, stats: grpo.LocalStats) -> list[float]:
-        assert self.epoch is not None
+        st = self.state
+        assert st.epoch is not None
         flags = self.rank == 0
-        admit = self._admit() if self.coordinator else 0
+        admit = self._admit() if st.coordinator else 0
         return self.layout.encode(
             tokens=stats.tokens, samples=stats.samples, metrics=stats.metrics, admit=admit,
-            slot=self.epoch.slot(self.id) if flags else None, leave=self.leaving,
-            ready=self.ready,
+            slot=st.epoch.slot(self.id) if flags else None, leave=st.leaving,
+            ready=st.ready,
         )  # fmt: skip
 
     def _allreduce(self, flat: torch.Tensor) -> bool:
         try:
-            self.pg.allreduce([flat]).wait()
+            self.state.pg.allreduce([flat]).wait()
             return False
         except RuntimeError as e:
             log.warning("%s/%d: all-reduce failed: %s", self.id, self.rank, str(e)[:200])
@@ -297,7 +249,7 @@ class ElasticWorker:
         ctl = (
             flat[n:].double() if not failed else torch.zeros(self.layout.size, dtype=torch.float64)
         )
-        vote = 1.0 if (not self.ready and self.catchup.drained()) else 0.0
+        vote = 1.0 if (not self.state.ready and self.catchup.drained()) else 0.0
         tail = torch.tensor([0.0 if failed else sumsq(flat[:n]), float(failed), vote],
                             dtype=torch.float64)  # fmt: skip
         v = torch.cat([ctl, tail])
@@ -312,13 +264,14 @@ class ElasticWorker:
         self, u: int, s: Summary | None, norm: float, applied: bool, contributed: bool,
         tm: dict[str, float], t0: float, dropped: list[str],
     ) -> StepResult:  # fmt: skip
-        assert self.epoch is not None
+        ep = self.state.epoch
+        assert ep is not None
         tm["total_s"] = time.perf_counter() - t0
         return StepResult(
             update=u, applied=applied, contributed=contributed,
             tokens=s.tokens if s else 0, samples=s.samples if s else 0,
             metrics=s.metrics if s else {}, grad_norm=norm,
-            lr=self.replica.lr_at(u), epoch=self.epoch.name, members=self.epoch.ids(),
+            lr=self.replica.lr_at(u), epoch=ep.name, members=ep.ids(),
             dropped=dropped, timings=tm,
         )  # fmt: skip
 
@@ -326,54 +279,57 @@ class ElasticWorker:
 
     def _admit(self) -> int:
         """Coordinator: admit registered tickets (compare-and-set against a cancel)."""
-        assert self.epoch is not None
-        self._joins = []
-        room = self.ecfg.max_replicas - len(self.epoch.members)
+        st = self.state
+        assert st.epoch is not None
+        st.joins = []
+        room = self.ecfg.max_replicas - len(st.epoch.members)
         total = int(self.store.add("tickets", 0))
-        while self._scanned < total and len(self._joins) < room:
-            t = self._scanned + 1
+        while st.scanned < total and len(st.joins) < room:
+            t = st.scanned + 1
             if not self.store.check([f"ticket/{t}"]):
                 break  # registered but its record is not written yet
-            self._scanned = t
+            st.scanned = t
             state = bytes(self.store.compare_set(f"ticket/{t}/state", "", "admitted"))
             if state == b"admitted":
                 rec = json.loads(get_str(self.store, f"ticket/{t}"))
-                self._joins.append(Member(rec["id"], "hybrid", t, tuple(rec["addrs"])))
-        return len(self._joins)
+                st.joins.append(Member(rec["id"], "hybrid", t, tuple(rec["addrs"])))
+        return len(st.joins)
 
     def _after(self, s: Summary, u: int, res: StepResult) -> None:
-        assert self.epoch is not None
-        ep = self.epoch
+        st = self.state
+        assert st.epoch is not None
+        ep = st.epoch
         leaving = {ep.members[k].id for k in s.leaving if k < len(ep.members)}
         res.leaving = sorted(leaving)
-        self.ready_ids = {ep.members[k].id for k in s.ready if k < len(ep.members)} - leaving
+        st.ready_ids = {ep.members[k].id for k in s.ready if k < len(ep.members)} - leaving
         if not leaving and s.admit == 0:
             return
         name = f"e{ep.number + 1}"
-        self.next_spec = None
-        if self.coordinator:
+        st.next_spec = None
+        if st.coordinator:
             ready = {ep.members[k].id for k in s.ready if k < len(ep.members)}
-            spec = next_epoch(ep, leaving=leaving, joins=self._joins, ready=ready, start=u + 1)
+            spec = next_epoch(ep, leaving=leaving, joins=st.joins, ready=ready, start=u + 1)
             self.store.set(f"epoch/{name}", spec.to_json())
-            self.next_spec = spec
-            for m in self._joins:
+            st.next_spec = spec
+            for m in st.joins:
                 self.store.set(f"ticket/{m.ticket}/admit", name)
-            res.joining = [m.id for m in self._joins]
-            self._joins = []
+            res.joining = [m.id for m in st.joins]
+            st.joins = []
         if self.id in leaving:
-            self.left = res.left = True
-            res.reason = self.leave_reason
+            st.left = res.left = True
+            res.reason = st.leave_reason
             return
-        self.pending = Pending(name, u + 1, self._builder(name), self.next_spec)
+        st.pending = Pending(name, u + 1, self._builder(name), st.next_spec)
 
     def _builder(self, name: str) -> Background:
         return Background(lambda: self._build_named(name), f"build-{name}")
 
     def _admitted(self, name: str) -> None:
+        st = self.state
         spec = Epoch.from_json(wait_key(self.store, f"epoch/{name}", self.ecfg.timeout_s))
-        self.next_spec = spec
-        self.pending = Pending(name, spec.start, self._builder(name), spec)
-        self.update = spec.start - 1
+        st.next_spec = spec
+        st.pending = Pending(name, spec.start, self._builder(name), spec)
+        st.update = spec.start - 1
         self.catchup.expect(token(spec, self.id, self.rank))
 
     def _build_named(self, name: str) -> tuple[Epoch, Any]:
@@ -393,7 +349,7 @@ class ElasticWorker:
     def _donate_early(self, u: int) -> None:
         """If an epoch starts with this update and names this rank a donor, queue its
         jobs now so the staging copy overlaps the forward/backward."""
-        p = self.pending
+        p = self.state.pending
         if p is None or p.start != u or p.donated:
             return
         if p.spec is None:  # written by the coordinator right after the previous update
@@ -410,61 +366,71 @@ class ElasticWorker:
             self.donor.add(jobs)
 
     def _maybe_switch(self, u: int) -> float:
-        if self.pending is None:
+        st = self.state
+        if st.pending is None:
             return 0.0
         t = time.perf_counter()
-        if self.pending.start > u:
+        if st.pending.start > u:
             return 0.0
-        if self.pending.start < u:
-            raise TrainerError(f"{self.id}: epoch {self.pending.name} was due at update "
-                               f"{self.pending.start}, now {u}")  # fmt: skip
-        donated = self.pending.donated
-        spec, pg = self.pending.job.result(self.ecfg.timeout_s + 30)
-        self.switch(spec, pg, donate=not donated)
+        if st.pending.start < u:
+            raise TrainerError(f"{self.id}: epoch {st.pending.name} was due at update "
+                               f"{st.pending.start}, now {u}")  # fmt: skip
+        donated = st.pending.donated
+        spec, pg = st.pending.job.result(self.ecfg.timeout_s + 30)
+        self._switch(spec, pg, donate=not donated)
         return time.perf_counter() - t
 
-    def switch(self, spec: Epoch, pg: Any, *, donate: bool = True) -> None:
+    def _switch(self, spec: Epoch, pg: Any, *, donate: bool = True) -> None:
         """Make `spec` current (and hand its donor jobs to the snapshot streamer)."""
-        self._retire(self.pg)
-        self.epoch, self.pg, self.pending, self.next_spec = spec, pg, None, None
+        st = self.state
+        self.groups.retire(st.pg)
+        st.epoch, st.pg, st.pending, st.next_spec = spec, pg, None, None
         if donate:
             self._donate(spec)
 
     def rejoin_reset(self) -> None:
         """After leaving: forget the old membership so this process can register again
         (its state is stale; a new snapshot will overwrite it)."""
-        self._retire(self.pg)
+        st = self.state
+        self.groups.retire(st.pg)
         self.abandon_pending()
-        self.pg, self.epoch, self.next_spec = None, None, None
-        self.ready = self.leaving = self.left = False
-        self.ready_after_s = None
-        self.leave_reason = None
+        st.pg, st.epoch, st.next_spec = None, None, None
+        st.ready = st.leaving = st.left = False
+        st.ready_after_s = None
+        st.leave_reason = None
 
     def abandon_pending(self) -> None:
         """Forget the next epoch (a recovery replaced it); its build, which gloo cannot
         interrupt, is left to finish or time out and is waited for by `close`."""
-        if self.pending is not None:
-            self._abandoned.append(self.pending.job)
-            self.pending = None
-        self._reap_abandoned(0.0)
+        if self.state.pending is not None:
+            self.groups.abandon(self.state.pending.job)
+            self.state.pending = None
+        self.groups.reap(0.0)
 
-    def _reap_abandoned(self, wait_s: float) -> None:
-        """Retire the groups of abandoned builds that finished (waiting up to `wait_s`
-        for each); keep waiting on the others."""
-        running = []
-        for job in self._abandoned:
-            built = job.settle(wait_s)
-            if job.done():
-                self._retire(built[1] if built else None)
-            else:
-                running.append(job)
-        self._abandoned = running
+    # -- what a failure recovery does to this rank (`libra.trainer.recovery`) ---------
 
-    def _retire(self, pg: Any) -> None:
-        self._retiring = [t for t in self._retiring if t.is_alive()]
-        t = retire(pg)
-        if t is not None:
-            self._retiring.append(t)
+    def mark_dropped(self) -> None:
+        """The recovery's epoch leaves this rank out: it is no longer a member."""
+        self.state.left = True
+
+    def enter_recovered_epoch(self, spec: Epoch) -> None:
+        """Make the recovery's epoch current: build its group now (every survivor
+        builds it at this point, so this blocks until they all have), switch to it, and
+        count updates from its start."""
+        self._switch(spec, self._build(spec))
+        self.state.update = spec.start - 1
+
+    def mark_current(self) -> None:
+        """This rank's state is current at the recovered epoch's start: it trains from
+        the next update, and starts any snapshot the epoch has it donate."""
+        self.state.ready = True
+        self.donor.tick()
+
+    def expect_snapshot(self, spec: Epoch) -> None:
+        """This rank is behind the recovered epoch: catch up from the snapshot its
+        donor streams, like a joiner."""
+        self.state.ready = False
+        self.catchup.expect(token(spec, self.id, self.rank))
 
     def close(self) -> None:
         """Stop every background thread of this rank before returning: snapshot streams,
@@ -475,23 +441,10 @@ class ElasticWorker:
         self.catchup.stop()
         self.listener.close()
         self.abandon_pending()
-        self._reap_abandoned(self.ecfg.timeout_s + 30)  # a build: store wait + rendezvous
-        self._retire(self.pg)
-        self.pg = None
-        for t in self._retiring:
-            t.join(self.ecfg.timeout_s)
-        self._retiring = []
+        self.groups.reap(self.ecfg.timeout_s + 30)  # a build: store wait + rendezvous
+        self.groups.retire(self.state.pg)
+        self.state.pg = None
+        self.groups.join(self.ecfg.timeout_s)
 
 
-@dataclass(slots=True)
-class Pending:
-    """The next epoch: its name, first update, and the background build of its group."""
-
-    name: str
-    start: int
-    job: Background
-    spec: Epoch | None = None
-    donated: bool = False
-
-
-__all__ = ["ElasticWorker", "StepResult", "token"]
+__all__ = ["ElasticWorker", "token"]

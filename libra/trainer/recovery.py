@@ -42,32 +42,31 @@ class Outcome:
 
 
 def _base(w: ElasticWorker) -> str:
-    ep = w.epoch or w.next_spec
+    ep = w.state.epoch or w.state.next_spec
     assert ep is not None
     return f"recover/{ep.recoveries}"
 
 
 def pending(w: ElasticWorker) -> bool:
     """Has another rank opened a recovery this rank has not joined yet?"""
-    return w.epoch is not None and bool(w.store.check([f"{_base(w)}/open"]))
+    return w.state.epoch is not None and bool(w.store.check([f"{_base(w)}/open"]))
 
 
 def recover(w: ElasticWorker, update: int) -> Outcome:
     """Take part in recovery after the all-reduce of `update` failed (or another rank
     opened one while this rank was idle). Raises ReplicaDropped if this rank is left out."""
-    from libra.trainer.elastic import token
-
+    st = w.state
     base = _base(w)
     w.store.set(f"{base}/open", "1")
     w.donor.wait_copied()
     w.donor.cancel()
     report = {
-        "kind": w.kind, "ticket": w.ticket, "addr": w.addr, "ready": w.ready,
-        "updates": w.replica.updates if w.ready else -1,
+        "kind": w.kind, "ticket": st.ticket, "addr": w.addr, "ready": st.ready,
+        "updates": w.replica.updates if st.ready else -1,
     }  # fmt: skip
     w.store.set(f"{base}/report/{w.id}/{w.rank}", json.dumps(report))
     old = {m.id for m in _expected(w)}
-    if w.coordinator:
+    if st.coordinator:
         w.store.set(f"{base}/decision", _decide(w, base).to_json())
     wait = 2 * w.ecfg.timeout_s + w.ecfg.report_window_s + 30
     try:
@@ -76,29 +75,25 @@ def recover(w: ElasticWorker, update: int) -> Outcome:
         raise TrainerError(f"{w.id}: no recovery decision (is the coordinator alive?)") from None
     w.abandon_pending()  # its build times out on its own; close() waits for it
     if w.id not in spec.ids():
-        w.left = True
+        w.mark_dropped()
         raise ReplicaDropped(f"{w.id} was dropped from training by recovery {base}")
-    pg = w._build(spec)
-    w.switch(spec, pg)
+    w.enter_recovered_epoch(spec)
     dropped = sorted(old - set(spec.ids()))
-    w.update = spec.start - 1
     if w.id in spec.ready:
         if w.replica.updates != spec.start - 1:
             raise TrainerError(f"{w.id}: state at {w.replica.updates}, epoch starts {spec.start}")
-        w.ready = True
-        w.donor.tick()
+        w.mark_current()
         return Outcome(retry=update == spec.start, dropped=dropped)
-    if w.kind == "core" and not w.ready:
+    if w.kind == "core" and not st.ready:
         log.warning("%s/%d: behind after recovery, catching up from a snapshot", w.id, w.rank)
-    w.ready = False
-    w.catchup.expect(token(spec, w.id, w.rank))
+    w.expect_snapshot(spec)
     return Outcome(retry=False, dropped=dropped)
 
 
 def _expected(w: ElasticWorker) -> list[Member]:
     """Members this rank knows of: the current epoch, then any announced next one."""
     seen: dict[str, Member] = {}
-    for ep in (w.epoch, w.next_spec):
+    for ep in (w.state.epoch, w.state.next_spec):
         for m in ep.members if ep else ():
             seen.setdefault(m.id, m)
     return list(seen.values())
@@ -136,7 +131,7 @@ def _decide(w: ElasticWorker, base: str) -> Epoch:
     latest = max(state.values())
     ready = [mid for mid, n in state.items() if n == latest]
     needy = [m.id for m in survivors if m.id not in ready]
-    cur = [ep for ep in (w.epoch, w.next_spec) if ep is not None]
+    cur = [ep for ep in (w.state.epoch, w.state.next_spec) if ep is not None]
     number = max(ep.number for ep in cur) + 1
     g = cur[0].recoveries
     log.warning(

@@ -112,4 +112,45 @@ def retire(pg: Any) -> threading.Thread | None:
     return t
 
 
-__all__ = ["Background", "connect", "get_str", "host_store", "retire", "wait_key"]
+class GroupReaper:
+    """The groups a rank no longer uses: shutdowns in flight, and builds of epochs that a
+    recovery replaced. Gloo can interrupt neither, so both are left to finish in their
+    threads, and the rank's `close` waits for them (not daemons: see the module doc)."""
+
+    def __init__(self) -> None:
+        self._abandoned: list[Background] = []
+        """Group builds of epochs that a recovery replaced: `close` waits for them."""
+        self._retiring: list[threading.Thread] = []
+
+    def retire(self, pg: Any) -> None:
+        """Shut `pg` down in the background (None: nothing to do)."""
+        self._retiring = [t for t in self._retiring if t.is_alive()]
+        t = retire(pg)
+        if t is not None:
+            self._retiring.append(t)
+
+    def abandon(self, job: Background) -> None:
+        """A build (returning `(epoch, group)`) whose group nobody will use; `reap`
+        retires it once it is done."""
+        self._abandoned.append(job)
+
+    def reap(self, wait_s: float) -> None:
+        """Retire the groups of abandoned builds that finished (waiting up to `wait_s`
+        for each); keep waiting on the others."""
+        running = []
+        for job in self._abandoned:
+            built = job.settle(wait_s)
+            if job.done():
+                self.retire(built[1] if built else None)
+            else:
+                running.append(job)
+        self._abandoned = running
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the shutdowns started so far (each up to `timeout_s`)."""
+        for t in self._retiring:
+            t.join(timeout_s)
+        self._retiring = []
+
+
+__all__ = ["Background", "GroupReaper", "connect", "get_str", "host_store", "retire", "wait_key"]

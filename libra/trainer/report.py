@@ -1,9 +1,45 @@
-"""What `ElasticTrainer` reports: per step, per replica, per membership change."""
+"""What the trainer reports: per rank and update (`StepResult`, sent to the driver), and
+from `ElasticTrainer` per step, per replica, per membership change."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One optimizer update as one rank saw it. Sums are global (all replicas)."""
+
+    update: int
+    applied: bool
+    """This rank's state now includes `update` (false while catching up)."""
+    contributed: bool
+    """This rank trained on its samples (its gradient was real)."""
+    tokens: int = 0
+    samples: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    epoch: str = ""
+    members: list[str] = field(default_factory=list)
+    joining: list[str] = field(default_factory=list)
+    """Members admitted by this update (they are in the next epoch)."""
+    leaving: list[str] = field(default_factory=list)
+    """Members that left after this update."""
+    dropped: list[str] = field(default_factory=list)
+    """Members a failure recovery dropped during this call."""
+    became_ready: bool = False
+    """This rank finished catching up with this update (its first real gradient is next)."""
+    join_latency_s: float | None = None
+    """With `became_ready`: seconds from registration to now."""
+    left: bool = False
+    """This rank left training after this update."""
+    reason: str | None = None
+    """With `left`: why, when the replica gave up by itself (its snapshot was too slow)
+    rather than being asked to leave."""
+    timings: dict[str, float] = field(default_factory=dict)
+
 
 ReplicaState = Literal["starting", "waiting", "joining", "ready", "leaving", "left", "dropped"]
 
@@ -71,4 +107,4 @@ class StepReport:
     events: list[MembershipEvent] = field(default_factory=list)
 
 
-__all__ = ["MembershipEvent", "ReplicaState", "ReplicaStatus", "StepReport"]
+__all__ = ["MembershipEvent", "ReplicaState", "ReplicaStatus", "StepReport", "StepResult"]

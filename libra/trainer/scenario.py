@@ -78,9 +78,9 @@ def synthetic(
 def batch(update: int, plan: MemberPlan, w) -> list:
     """This rank's samples for `update` (empty: contribute zeros)."""
     if not plan.global_samples:
-        return synthetic(update, plan.id, plan.rank, plan) if w.ready else []
-    ids = sorted(w.ready_ids)
-    if not w.ready or plan.id not in ids:
+        return synthetic(update, plan.id, plan.rank, plan) if w.state.ready else []
+    ids = sorted(w.state.ready_ids)
+    if not w.state.ready or plan.id not in ids:
         return []
     every = synthetic(update, "global", 0, plan, count=plan.global_samples)
     return every[ids.index(plan.id) * plan.size + plan.rank :: len(ids) * plan.size]
@@ -145,7 +145,7 @@ def _core(plan: MemberPlan, w, store, record) -> None:
     w.start_core(plan.core_ids)
     stop = plan.max_updates
     while True:
-        u = w.update + 1
+        u = w.state.update + 1
         if store.check(["stop_at"]):
             stop = min(stop, int(bytes(store.get("stop_at"))))
         if u > stop:
@@ -153,7 +153,7 @@ def _core(plan: MemberPlan, w, store, record) -> None:
         _dump(plan, w, u, "params")
         res = w.step(batch(u, plan, w))
         _dump(plan, w, u, "grad")
-        if w.coordinator:
+        if w.state.coordinator:
             store.set("progress", str(res.update))
         record(res)
 
@@ -181,8 +181,8 @@ def _hybrid(plan: MemberPlan, w, store, record) -> None:
         w.wait_admission(w.ecfg.timeout_s + 60)
         trained = 0
         while True:
-            u = w.update + 1
-            if w.ready:
+            u = w.state.update + 1
+            if w.state.ready:
                 _dump(plan, w, u, "params")
             res = w.step(batch(u, plan, w))
             _dump(plan, w, u, "grad")
@@ -190,7 +190,7 @@ def _hybrid(plan: MemberPlan, w, store, record) -> None:
             if res.left:
                 break
             trained += res.contributed
-            if trained >= plan.ready_updates and not w.leaving:
+            if trained >= plan.ready_updates and not w.state.leaving:
                 w.leave()
         last = res.update
     if plan.rank == 0:

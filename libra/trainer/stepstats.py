@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from libra.trainer.elastic import StepResult
-from libra.trainer.report import StepReport
+from libra.trainer.report import StepReport, StepResult
 from libra.trainer.samples import Prepared
 
 if TYPE_CHECKING:

@@ -28,9 +28,8 @@ from libra.errors import ConfigError
 from libra.record import Trajectory
 from libra.trainer.checkpoint import read_meta
 from libra.trainer.config import TrainerConfig
-from libra.trainer.elastic import StepResult
 from libra.trainer.ranks import START_TIMEOUT_S, Key, Ranks
-from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport
+from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport, StepResult
 from libra.trainer.samples import Prepared, partition, prepare, split_minibatches
 from libra.trainer.stepstats import aggregate
 

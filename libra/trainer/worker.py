@@ -92,6 +92,7 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     w = ElasticWorker(cfg, replica, member_id=spec.member_id, kind=spec.kind,  # type: ignore[arg-type]
                       store_port=spec.port)  # fmt: skip
     opened.append(w)
+    st = w.state  # read here; changed only by the worker's own methods
     if spec.kind == "core":
         w.start_core(spec.core_ids)
     conn.send(("ready", {"updates": replica.updates}))
@@ -99,32 +100,32 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     old: list[list[torch.Tensor] | None] = []
     while True:
         if not conn.poll(0.05):
-            if w.epoch is not None and not w.left and pending(w):
-                recover(w, w.update + 1)
+            if st.epoch is not None and not st.left and pending(w):
+                recover(w, st.update + 1)
             continue
         cmd = conn.recv()
         op = cmd[0]
         if op == "version":
             shares, old = cmd[2], [None] * len(cmd[2])
-            if cfg.grpo.minibatches > 1 and w.ready:  # the ratio's `old`: before any update
+            if cfg.grpo.minibatches > 1 and st.ready:  # the ratio's `old`: before any update
                 old = [grpo.old_logprobs(replica.model, s, cfg.grpo, dtype=cfg.dtype,
                                          device=device, count=_count(w, s))
                        for s in shares]  # fmt: skip
             conn.send(("ok", None))
         elif op == "update":
             u, m = cmd[1], cmd[2]
-            if w.left or (w.epoch is None and not (w.poll_admission() and w.member_at(u))):
+            if st.left or (st.epoch is None and not (w.poll_admission() and w.member_at(u))):
                 conn.send(("skip", None))
                 continue
-            mine = shares[m] if w.ready and m < len(shares) else []
-            res = w.step(mine, old[m] if w.ready and m < len(old) else None)
+            mine = shares[m] if st.ready and m < len(shares) else []
+            res = w.step(mine, old[m] if st.ready and m < len(old) else None)
             conn.send(("step", res))
             if res.left:
                 break
         elif op == "register":  # sent by the driver once it counts this rank as live
             conn.send(("ok", w.register()))
         elif op == "leave":
-            if w.epoch is None and w.pending is None and w.cancel():
+            if st.epoch is None and st.pending is None and w.cancel():
                 conn.send(("ok", "withdrawn"))
                 break
             w.leave()
