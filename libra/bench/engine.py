@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from libra.cli.common import progress
+from libra.cluster import process, vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,27 +56,22 @@ def _rss_mib(pgid: int) -> float:
     return total / 1024
 
 
-def _spawn(
-    engine: str, model: str, port: int, vllm_python: str, dtype: str
-) -> subprocess.Popen[bytes]:
+def _spawn(engine: str, model: str, port: int, vllm_python: str, dtype: str) -> process.Child:
+    url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkdtemp(prefix="libra-bench-engine-")) / f"{engine}.log"
     if engine == "embedded":
         cmd = [sys.executable, "-m", "libra", "serve-engine", "--model", model]
         cmd += ["--port", str(port), "--dtype", dtype]
-        env = dict(os.environ)
-    else:
-        from libra.engine import vllm
-
-        cfg = vllm.VllmLaunch(
-            model=model,
-            python=vllm_python,
-            device="cpu",
-            dtype=dtype,
-            servers=[vllm.VllmServer(tp=1, port=port, cpu_cores="0")],
-        )
-        cmd, env = vllm.command(cfg, cfg.servers[0]), vllm.environment(cfg, cfg.servers[0])
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        return process.spawn(engine, cmd, log_path=log, url=url)
+    cfg = vllm.VllmLaunch(
+        model=model,
+        python=vllm_python,
+        device="cpu",
+        dtype=dtype,
+        servers=[vllm.VllmServer(tp=1, port=port, cpu_cores="0")],
     )
+    cmd, env = vllm.command(cfg, cfg.servers[0]), vllm.environment(cfg, cfg.servers[0])
+    return process.spawn(engine, cmd, log_path=log, env=env, url=url)
 
 
 async def _load(url: str, model: str) -> dict[str, float]:
@@ -116,33 +111,26 @@ async def _load(url: str, model: str) -> dict[str, float]:
 
 
 def _one(engine: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    from libra.cluster.vllm import healthy
     from libra.engine.model import ModelConfig
-    from libra.engine.vllm import healthy
 
     # Both engines compute in the checkpoint's dtype (vLLM's CPU "auto" would be bf16).
     dtype = str(ModelConfig.load(Path(model)).dtype).removeprefix("torch.")
     url = f"http://127.0.0.1:{args.port}"
     t0 = time.perf_counter()
-    proc = _spawn(engine, model, args.port, args.vllm_python, dtype)
+    child = _spawn(engine, model, args.port, args.vllm_python, dtype)
     try:
         while not healthy(url, timeout=1.0):
-            if proc.poll() is not None or time.perf_counter() - t0 > 600:
-                return {"error": f"{engine} did not start (exit {proc.poll()})"}
+            if child.returncode is not None or time.perf_counter() - t0 > 600:
+                return {"error": f"{engine} did not start (exit {child.returncode})"}
             time.sleep(0.1)
         startup = time.perf_counter() - t0
         served = model
         figures = asyncio.run(_load(url, served))
-        rss = _rss_mib(proc.pid)
+        rss = _rss_mib(child.pid)
         return {"dtype": dtype, "startup_s": startup, **figures, "rss_mib": rss}
     finally:
-        import signal
-
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        process.stop_blocking([child])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

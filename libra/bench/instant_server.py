@@ -114,7 +114,7 @@ def running(model: str | Path | None, turns: int) -> Iterator[tuple[str, Path]]:
             from libra.engine.model_maker import make_model
 
             model = make_model(Path(d) / "model", seed=0)
-        from libra.endpoints.launch import free_port
+        from libra.cluster.process import free_port
 
         port = free_port()
         server = subprocess.Popen(

@@ -42,14 +42,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from libra.chat import ChatTokenizer
+    from libra.cluster.config import VllmSection
+    from libra.cluster.engines import EmbeddedLauncher, EngineLauncher, VllmLauncher
+    from libra.cluster.placement import Placement
     from libra.endpoints.config import EndpointConfig
     from libra.endpoints.pool import EndpointPool
     from libra.routing.base import Bucket
-    from libra.train.config import VllmSection
-    from libra.train.engines import EmbeddedLauncher, Launcher
-    from libra.train.fleet import Fleet, TrainerHandle, Worker
     from libra.train.relayout import relayout
-    from libra.train.vllm_fleet import VllmLauncher
+    from libra.train.workers import Fleet, Worker
+    from libra.weights import FolderSync, Weights
 
     tmp = Path(tempfile.mkdtemp(prefix="libra-relayout-"))
     if args.model is None:
@@ -58,26 +59,34 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         model = make_model(tmp / "model", seed=0)
     else:
         model = Path(args.model)
-    launcher: Launcher = EmbeddedLauncher()
+    launcher: EngineLauncher = EmbeddedLauncher()
+    where = Placement("cpu")
     if args.fleet == "vllm":
         section = VllmSection(device="cpu", dtype="float32", enforce_eager=True)
         launcher = VllmLauncher(section, args.vllm_python)
+        where = Placement("cpu", tuple(range(os.cpu_count() or 1)))
     tp = {"short": 1, "long": 2}
-    fleet = Fleet(pool=None, trainer=TrainerHandle(None), log_dir=tmp / "logs",
-                  launcher=launcher, bucket_tp=tp)  # fmt: skip
+    buckets: list[tuple[Bucket, list[str]]] = [(Bucket(b, n, 1024), []) for b, n in tp.items()]
+    pool = EndpointPool(buckets, EndpointConfig(), joined_later=True)
+
+    async def copy(path: str) -> None:  # no trainer here: nothing is published
+        await asyncio.to_thread(shutil.copytree, model, path)
+
+    start = Weights(0, str(model))
+    weights = FolderSync(write=copy, root=tmp / "weights", keep=2, pool=pool,
+                         kind=launcher.kind, origin=start)  # fmt: skip
     workers = [Worker(f"rollout{i}", "core-rollout", "rollout", b)
                for i, b in enumerate(["short", "short", "short", "long"])]  # fmt: skip
+    fleet = Fleet(workers, launcher=launcher, placement=where, weights=weights,
+                  bucket_tp=tp, log_dir=tmp / "logs")  # fmt: skip
     prompt = ChatTokenizer(model).encode("What is 2+3?")
     lat: list[tuple[float, float]] = []  # (end time, seconds)
     failed = 0
     try:
-        t0 = time.monotonic()
-        await fleet.start(workers, str(model), 0)
-        start_s = time.monotonic() - t0
-        urls = fleet.urls()
-        buckets = [(Bucket(b, n, 1024), urls[b]) for b, n in tp.items()]
-        async with EndpointPool(buckets, EndpointConfig()) as pool:
-            fleet.pool = pool
+        async with pool:
+            t0 = time.monotonic()
+            await fleet.start()
+            start_s = time.monotonic() - t0
             done, baseline = asyncio.Event(), asyncio.Event()
 
             async def episode(i: int) -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from libra.client import AsyncClient
+from libra.cluster.process import free_port
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
-from libra.endpoints.launch import free_port
 from libra.errors import LibraError
 from libra.rollout.config import LimitsConfig, RolloutConfig
 from libra.rollout.run import rollout, run_sync

@@ -80,8 +80,13 @@ class EndpointPool:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        joined_later: bool = False,
     ):
+        """`joined_later`: the buckets start empty and their servers join through
+        `add_endpoint` (`libra train` registers the engines it starts); otherwise every
+        bucket must have an endpoint that answers when the pool opens."""
         self.config = config or EndpointConfig()
+        self.joined_later = joined_later
         self.clock = clock
         self.rng = rng or random.Random()
         self._buckets: dict[str, _BucketState] = {}
@@ -230,6 +235,8 @@ class EndpointPool:
         for ep, why in zip(eps, reasons, strict=True):
             ep.healthy = why is None
         for name, state in self._buckets.items():
+            if self.joined_later and not state.endpoints:
+                continue
             if not state.endpoints:
                 raise EndpointError(f"bucket {name!r} has no endpoints; add --endpoint {name}=URL")
             if not any(e.healthy for e in state.endpoints):

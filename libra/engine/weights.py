@@ -4,7 +4,7 @@
     await load_weights(session, base_url, "vllm", path)       # vLLM 0.32, dev mode
 
 vLLM 0.32 has no single "load these weights" call for a folder; with
-`VLLM_SERVER_DEV_MODE=1` (set by `libra.engine.vllm`) its development endpoints do it:
+`VLLM_SERVER_DEV_MODE=1` (set by `libra.cluster.vllm`) its development endpoints do it:
 
 1. `POST /pause?mode=wait` — stop scheduling new requests and let running ones finish
    (`abort` would drop them, `keep` would resume them later on mixed weights);

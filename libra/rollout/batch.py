@@ -9,9 +9,10 @@ records still reach the sink) and leaks nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from typing import Protocol
 
 from libra.record import Trajectory
@@ -36,7 +37,7 @@ class Runner(Protocol):
 
 async def run_episodes(
     runner: Runner,
-    specs: Iterable[EpisodeSpec],
+    specs: Iterable[EpisodeSpec] | AsyncIterable[EpisodeSpec],
     *,
     concurrency: int,
     emit: Callable[[Trajectory], None],
@@ -44,7 +45,10 @@ async def run_episodes(
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Run `specs`; `emit(record)` is called once per episode, in finish order, with
-    `record.seq` set. The routing policy learns from every record (`on_finish`)."""
+    `record.seq` set: also for episodes cut short by cancelling the batch (`aborted`
+    records of the partial episodes). The routing policy sees every record
+    (`on_finish`). `specs` may be an async iterator that waits before yielding (the
+    training loop admits groups as the staleness bound allows)."""
     slots = asyncio.Semaphore(concurrency)
     seq = itertools.count(first_seq)
 
@@ -59,13 +63,32 @@ async def run_episodes(
         finally:
             slots.release()
 
-    async with asyncio.TaskGroup() as tg:
-        for i, spec in enumerate(specs, 1):
+    async with asyncio.TaskGroup() as tg, contextlib.aclosing(_aiter(specs)) as admitted:
+        i = 0
+        async for spec in admitted:
+            i += 1
             t = clock()
             await slots.acquire()
             tg.create_task(one(spec, clock() - t), name=f"episode:{spec.id}")
             if i % 64 == 0:
                 await asyncio.sleep(0)  # admit in slices: keep the event loop responsive
+
+
+async def _aiter(
+    specs: Iterable[EpisodeSpec] | AsyncIterable[EpisodeSpec],
+) -> AsyncGenerator[EpisodeSpec, None]:
+    if isinstance(specs, AsyncIterable):
+        source = aiter(specs)
+        try:
+            async for spec in source:
+                yield spec
+        finally:  # a generator that waits is closed with the batch, not left to GC
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()
+    else:
+        for spec in specs:
+            yield spec
 
 
 __all__ = ["Runner", "run_episodes"]

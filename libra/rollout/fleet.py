@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libra.chat import ChatTokenizer
+from libra.cluster.engines import Launched
 from libra.endpoints.config import BucketConfig, EndpointConfig
-from libra.endpoints.launch import Launched
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, ModelError
 from libra.routing.base import Bucket, default_bounds

@@ -6,12 +6,16 @@
     summary = run_sync(train(load_config("examples/cpu-train.toml", {"seed": 1})))
 
 Modules, in the order a run uses them: `config` (the TOML schema), `state` (run folder,
-resume), `setup` (model, hardware profile, warm start), `demos` + `sft` (expert
-demonstrations and the supervised warm start), `fleet` + `engines` (workers, engines, role
-switches) + `vllm_fleet` (`fleet.kind = "vllm"`: vLLM servers), `admission` (bounded
-staleness), `groups`, `loop` (the asynchronous GRPO loop), `planning` (the planner in
-the loop) + `relayout` (core instances restarted at other TP sizes), `display`,
-`report`, `dryrun`. Design: docs/train.md.
+resume, `LoopState`), `run` (parse, build, train, close) and `build` (`build_run -> Run`),
+`setup` (model, hardware profile, warm start, trainer config), `demos` (expert
+demonstrations), `placement` (workers, their devices, the engine launcher), `workers`
+(the `Fleet`: engines on workers), `handle` (async calls into the trainer), `rollouts`
+(admission, episodes, groups) + `admission` (bounded staleness) + `groups`, `loop` (the
+asynchronous GRPO loop) + `metrics` (its rows) + `validation`, `reconfig` (the planner's
+decisions applied) with `planning` (pure), `roles` (hybrid switches) and `relayout`
+(core instances restarted at other TP sizes), `display`, `report`, `dryrun`. Weights
+move through `libra.weights`, processes start through `libra.cluster`. Design:
+docs/train.md; the layering: docs/architecture.md.
 """
 
 from __future__ import annotations

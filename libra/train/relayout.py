@@ -5,11 +5,11 @@ bucket, each bucket one TP size (`libra.train.planning.layouts`). `relayout` mov
 fleet there one instance at a time, on the devices the old instances free:
 
 1. pick an instance of a bucket that has more than the layout wants; stop admitting
-   turns to it and let the turns it runs finish there (`Fleet.retire`: drain, leave the
-   pool, stop the engine), and free its devices (`Launcher.release`);
+   turns to it and let the turns it runs finish there, stop its engine and free its
+   devices (`Fleet.remove`);
 2. as soon as enough devices are free for an instance of a bucket that has fewer than
    the layout wants, start it there at that bucket's TP size on the current weights and
-   register it in the bucket at their version (`Fleet.serve`: a version published
+   register it in the bucket at their version (`Fleet.add_core`: a version published
    meanwhile is loaded first); instances whose devices are free at the same time (two
    TP-1 on the devices of one TP-2) start together;
 3. repeat until every bucket has its count.
@@ -19,7 +19,7 @@ least one, so **no bucket is ever left without a serving instance**: a turn boun
 a bucket always has a server there (it may wait for a slot), and an episode whose turn
 ran on a stopped instance continues on a sibling at its next turn (it re-prefills its
 context), as in a role switch. Nothing is routed elsewhere and no episode is lost. The
-per-turn version stamps stay right because registration happens under the publishing
+per-turn version stamps stay right because registration happens under the weight sync's
 lock at the version actually loaded.
 """
 
@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from libra.train.fleet import Fleet, Worker
+from libra.train.workers import Fleet
 
 Note = Callable[..., object]
 """`note(event, **fields)`: where each instance's stop and start is reported."""
@@ -75,15 +75,13 @@ async def relayout(fleet: Fleet, want: dict[str, int], note: Note) -> dict[str, 
     starts: list[str] = []
 
     async def start(bucket: str) -> None:
-        w = Worker(fleet.new_id("rollout"), "core-rollout", "switching", bucket)
-        fleet.workers.append(w)
-        start_s = await fleet.serve(w, bucket)
+        w, version = await fleet.add_core(bucket)
         core.append(w)
-        version = fleet.pool.find(w.engine.url).version if fleet.pool and w.engine else -1
         # its devices were idle from the stop that freed the first of them
         restarts.append(time.monotonic() - freed_at)
+        assert w.engine is not None
         note("instance-started", worker=w.id, bucket=bucket, tp=tp[bucket],
-             engine_start_s=start_s, version=version)  # fmt: skip
+             engine_start_s=w.engine.start_s, version=version)  # fmt: skip
 
     for i, step in enumerate(steps):
         bucket = step[1:]
@@ -91,9 +89,7 @@ async def relayout(fleet: Fleet, want: dict[str, int], note: Note) -> dict[str, 
             w = next(w for w in reversed(core) if w.bucket == bucket and w.engine is not None)
             if fresh:
                 freed_at, fresh = time.monotonic(), False
-            took = await fleet.retire(w)
-            fleet.launcher.release(w.id)
-            fleet.workers.remove(w)
+            took = await fleet.remove(w)
             core.remove(w)
             note("instance-stopped", worker=w.id, bucket=bucket, tp=tp[bucket], **took)
             continue

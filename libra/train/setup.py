@@ -95,7 +95,7 @@ async def warm_start(
     import random
 
     from libra.train.demos import demonstrations, load_expert
-    from libra.train.sft import SFTProgress, run_sft
+    from libra.trainer.sft import SFTProgress, run_sft
 
     s = cfg.sft
     if s.steps == 0:
@@ -197,7 +197,7 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
     )
 
 
-def trainer_config(cfg: TrainConfig, model_dir: Path, out: Path) -> Any:
+def trainer_config(cfg: TrainConfig, model_dir: Path) -> Any:
     from libra.trainer import TrainerConfig
 
     t = cfg.trainer
@@ -215,7 +215,6 @@ def trainer_config(cfg: TrainConfig, model_dir: Path, out: Path) -> Any:
         grpo=grpo,
         optim=t.optim,
         elastic=t.elastic,
-        publish={"dir": str(out / "weights"), "keep": t.keep_versions},
     )
 
 

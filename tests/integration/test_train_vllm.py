@@ -222,7 +222,7 @@ async def greedy(url: str, prompt: list[int], n: int = 8) -> list[int]:
     """Greedy continuation of token ids `prompt` by the server at `url`."""
     import aiohttp
 
-    from libra.train.vllm_fleet import SERVED_NAME
+    from libra.cluster.engines import SERVED_NAME
 
     body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": n, "temperature": 0.0,
             "ignore_eos": True, "return_token_ids": True}  # fmt: skip
@@ -250,15 +250,20 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
     was away and is registered in its bucket at that version (greedy output = that
     checkpoint's)."""
     import asyncio
+    import shutil
 
+    from libra.cluster.config import VllmSection
+    from libra.cluster.engines import VllmLauncher
+    from libra.cluster.placement import Placement
     from libra.endpoints.config import EndpointConfig
     from libra.endpoints.pool import EndpointPool
     from libra.engine.model_maker import make_model
     from libra.routing.base import Bucket
-    from libra.train.config import VllmSection
-    from libra.train.fleet import Fleet, TrainerHandle, Worker
-    from libra.train.vllm_fleet import VllmLauncher
+    from libra.train.handle import TrainerHandle
+    from libra.train.roles import to_rollout, to_training
+    from libra.train.workers import Fleet, Worker
     from libra.trainer import ElasticTrainer, TrainerConfig
+    from libra.weights import FolderSync, Weights
 
     python = os.environ.get("LIBRA_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
     need(Path(python).is_file(), f"no vLLM interpreter at {python} (run .ci/stage-vllm.sh)")
@@ -271,29 +276,35 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
     timeout = float(os.environ.get("LIBRA_VLLM_START_TIMEOUT", "420"))
     section = VllmSection(device="cpu", dtype="float32", enforce_eager=True,
                           startup_timeout_s=timeout)  # fmt: skip
-    trainer = ElasticTrainer(TrainerConfig(model=str(base)))
-    handle = TrainerHandle(trainer)
-    fleet = Fleet(pool=None, trainer=handle, log_dir=tmp_path / "logs",
-                  launcher=VllmLauncher(section, python), bucket_tp={"tp1": 1})  # fmt: skip
+    trainer = TrainerHandle(ElasticTrainer(TrainerConfig(model=str(base))))
+    pool = EndpointPool([(Bucket("tp1", 1, 1024), [])], EndpointConfig(), joined_later=True)
+
+    async def trainer_half(path: str) -> None:  # the version "trained" meanwhile
+        await asyncio.to_thread(shutil.copytree, newer, path)
+
+    weights = FolderSync(write=trainer_half, root=tmp_path / "weights", keep=2, pool=pool,
+                         kind="vllm", origin=Weights(0, str(base)))  # fmt: skip
     hybrid = Worker("hybrid0", "hybrid", "rollout", "tp1")
+    fleet = Fleet([hybrid], launcher=VllmLauncher(section, python),
+                  placement=Placement("cpu", tuple(range(os.cpu_count() or 1))),
+                  weights=weights, bucket_tp={"tp1": 1}, log_dir=tmp_path / "logs")  # fmt: skip
     try:
-        await asyncio.gather(handle.call(trainer.start), fleet.start([hybrid], str(base), 0))
-        assert hybrid.engine is not None
-        first = hybrid.engine
-        pool = EndpointPool([(Bucket("tp1", 1, 1024), [first.url])], EndpointConfig())
-        fleet.pool = pool
         async with pool:
+            await asyncio.gather(trainer.start(), fleet.start())
+            assert hybrid.engine is not None
+            first = hybrid.engine
+            assert [e.url for e in pool.endpoints()] == [first.url]
             assert await greedy(first.url, prompt) == want_base
 
-            took = await fleet.to_training(hybrid)
+            took = await to_training(fleet, trainer, hybrid)
             assert hybrid.role == "train" and hybrid.engine is None
-            assert pool.endpoints() == [] and first.proc.returncode is not None
+            assert pool.endpoints() == [] and first.process.returncode is not None
             assert not processes_mentioning(f"--port {first.url.rsplit(':', 1)[1]}")
-            assert "hybrid0" in {r.id for r in trainer.replicas()}
+            assert "hybrid0" in {r.id for r in await trainer.replicas()}
             assert took["turns_cut"] == 0
 
-            await fleet.publish(1, str(newer))  # no endpoint serves: only recorded
-            took = await fleet.to_rollout(hybrid, "tp1")
+            await weights.publish(1)  # no endpoint serves: only recorded
+            took = await to_rollout(fleet, trainer, hybrid, "tp1")
             assert hybrid.role == "rollout" and hybrid.engine is not None
             second = hybrid.engine
             [ep] = pool.endpoints()
@@ -302,5 +313,5 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
             assert took["engine_start_s"] > 0
     finally:
         await fleet.close()
-        await asyncio.to_thread(trainer.close)
+        await trainer.close()
     assert not processes_mentioning(str(base)), "a vLLM server outlived the fleet"

