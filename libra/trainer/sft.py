@@ -13,22 +13,38 @@ Stopping: after `steps` updates, or earlier once the held-out demonstrations' me
 sequence probability at temperature 1 (about the chance of sampling one whole, correct
 demonstration) reaches `target`: GRPO then starts from a policy that is right some of the
 time, which is where a group's rewards differ and its advantages carry signal.
+
+Where it runs: `warm_start` runs `run_sft` in one spawned trainer process (set up like a
+rank: `libra.trainer.device`), so the driver never builds a model or imports torch for
+it; progress comes back over a pipe and the result is the folder written.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import multiprocessing as mp
+import os
 import random
+import signal
+import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from libra.errors import LibraError, TrainerError
 from libra.record import Trajectory
+from libra.trainer.config import TrainerConfig
+from libra.trainer.device import Device, init_process
 from libra.trainer.model import load_model, tied_keys, write_folder
+
+log = logging.getLogger("libra.trainer")
 
 WARMUP = 20
 EVAL_EVERY = 20
@@ -54,6 +70,8 @@ class SFTResult:
     cpu_s: float
     stopped: str
     """`target` (reached it) or `steps` (ran them all)."""
+    pid: int = 0
+    """The process that trained (`warm_start`: its own process, not the caller's)."""
 
 
 def _common_prefix(seqs: Sequence[Sequence[int]], limit: int) -> int:
@@ -154,7 +172,146 @@ def run_sft(
         wall_s=time.perf_counter() - t0,
         cpu_s=time.process_time() - c0,
         stopped=stopped,
+        pid=os.getpid(),
     )
 
 
-__all__ = ["SFTProgress", "SFTResult", "run_sft", "seq_prob", "sequence_logprobs"]
+STOP_GRACE_S = 30.0
+"""After `should_stop`, how long the warm start may take to finish its step and exit
+before it is killed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What the warm start process gets: `run_sft`'s arguments and its device."""
+
+    model_dir: str
+    demos: list[Trajectory]
+    out: str
+    steps: int
+    batch: int
+    lr: float
+    target: float | None
+    seed: int
+    device: Device
+    parent: int
+    """The caller's pid: the process dies with it."""
+
+
+def warm_start(
+    model_dir: str | Path,
+    demos: Sequence[Trajectory],
+    out: str | Path,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    target: float | None,
+    seed: int,
+    on_progress: Callable[[SFTProgress], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    device: Device | None = None,
+) -> SFTResult:
+    """`run_sft` in a spawned trainer process; blocks until it is done.
+
+    `on_progress` runs in the caller's thread, once per step. `should_stop` is checked
+    between messages: once true, the process is asked to stop after its step (killed if
+    it takes longer than `STOP_GRACE_S`), nothing is written, and `KeyboardInterrupt` is
+    raised. A failure in the process is raised here (a `LibraError` as itself, anything
+    else as `TrainerError`). The process never outlives this call, nor its caller.
+    `device`: what a trainer config for `model_dir` resolves to, unless given."""
+    job = _Job(
+        model_dir=str(model_dir), demos=list(demos), out=str(out), steps=steps, batch=batch,
+        lr=lr, target=target, seed=seed, parent=os.getpid(),
+        device=device or Device.resolve(TrainerConfig(model=str(model_dir))),
+    )  # fmt: skip
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_main, args=(job, child), name="libra-warm-start", daemon=True)
+    proc.start()
+    child.close()
+    try:
+        while True:
+            if should_stop():
+                _report(conn, ("stop",))
+                proc.join(STOP_GRACE_S)
+                raise KeyboardInterrupt
+            if not conn.poll(0.1):
+                continue
+            try:
+                kind, value = conn.recv()
+            except EOFError:  # it died without a word (killed, or crashed in C code)
+                proc.join(STOP_GRACE_S)
+                raise TrainerError(
+                    f"the warm start process ended without a result (exit code {proc.exitcode})"
+                ) from None
+            if kind == "progress" and on_progress is not None:
+                on_progress(value)
+            elif kind == "done":
+                result: SFTResult = value
+                return result
+            elif kind == "stopped":  # interrupted from outside (a Ctrl-C reaches it too)
+                raise KeyboardInterrupt
+            elif kind == "error":
+                raise value
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        conn.close()
+
+
+def _main(job: _Job, conn: Connection) -> None:
+    """The warm start process: train, report, exit."""
+    _die_with_parent(job.parent)
+    init_process(job.device)
+    logging.basicConfig(
+        level=os.environ.get("LIBRA_LOG", "WARNING"),
+        format="[warm start] %(levelname)s %(message)s",
+    )
+    try:
+        res = run_sft(
+            job.model_dir, job.demos, job.out, steps=job.steps, batch=job.batch, lr=job.lr,
+            target=job.target, seed=job.seed,
+            on_progress=lambda p: conn.send(("progress", p)),
+            should_stop=conn.poll,  # the caller sends only one message: stop
+        )  # fmt: skip
+        conn.send(("done", res))
+    except KeyboardInterrupt:
+        _report(conn, ("stopped", None))
+    except BaseException as e:
+        log.error("%s", traceback.format_exc())
+        why = f"warm start: {type(e).__name__}: {e}"
+        _report(conn, ("error", e if isinstance(e, LibraError) else TrainerError(why)))
+
+
+def _report(conn: Connection, msg: tuple) -> None:
+    """Send a last message if the other side still listens (either side may be ending)."""
+    try:
+        conn.send(msg)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the other side closed the pipe: nobody to tell
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies, so a caller
+    that is killed (SIGKILL, OOM) leaves no warm start training behind. The signal
+    follows the thread that started the process, which `warm_start` keeps blocked
+    until the process is gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the prctl took effect
+        os._exit(1)
+
+
+__all__ = [
+    "SFTProgress",
+    "SFTResult",
+    "run_sft",
+    "seq_prob",
+    "sequence_logprobs",
+    "warm_start",
+]
