@@ -103,7 +103,7 @@ class CatchUp:
             try:
                 self._conn.shutdown(socket.SHUT_RDWR)
             except OSError:
-                pass
+                pass  # the donor closed it already: nothing left to cut
 
     # -- background thread ------------------------------------------------------------
 

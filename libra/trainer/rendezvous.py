@@ -23,11 +23,14 @@ socket code may stay a daemon.
 from __future__ import annotations
 
 import datetime
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore
+
+log = logging.getLogger("libra.trainer")
 
 STORE_TIMEOUT = datetime.timedelta(seconds=300)
 
@@ -104,8 +107,8 @@ def retire(pg: Any) -> threading.Thread | None:
     def _shutdown() -> None:
         try:
             pg.shutdown()
-        except Exception:
-            pass
+        except RuntimeError as e:  # c10d's errors: a peer already gone, a group broken
+            log.debug("retiring a group: %s", e)  # it is being dropped either way
 
     t = threading.Thread(target=_shutdown, name="retire-group")
     t.start()

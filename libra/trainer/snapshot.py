@@ -110,7 +110,7 @@ class Donor:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
-                pass
+                pass  # the joiner closed it already: nothing left to cut
 
     def close(self) -> None:
         """Finish streaming what was started (a leaving donor completes its jobs)."""

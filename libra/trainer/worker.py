@@ -61,7 +61,7 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
         try:
             conn.send(("error", msg))
         except OSError:
-            pass
+            pass  # the driver is gone: nobody to tell (the error is logged above)
     finally:
         # Also after an error (once it is reported): a worker thread left inside torch
         # when the interpreter shuts down aborts the process (libra.trainer.rendezvous).
