@@ -56,6 +56,9 @@ class MemberPlan:
     """Hybrid: fill its state with garbage before every rejoin."""
     start_after: int = 0
     """Hybrid: register for the first time once the core has done this many updates."""
+    await_hybrids: int = 0
+    """Core: after its first update, wait until this many hybrids have registered. A
+    short run on a busy machine could otherwise end before a hybrid's process is up."""
 
 
 def synthetic(
@@ -150,6 +153,8 @@ def _core(plan: MemberPlan, w, store, record) -> None:
             stop = min(stop, int(bytes(store.get("stop_at"))))
         if u > stop:
             break
+        while u == 2 and int(store.add("tickets", 0)) < plan.await_hybrids:
+            time.sleep(0.01)  # registration needs `progress`, set by update 1
         _dump(plan, w, u, "params")
         res = w.step(batch(u, plan, w))
         _dump(plan, w, u, "grad")

@@ -21,7 +21,9 @@ def _run(d, *, kill_when, sig, rate=None):
     cfg = config(model, timeout_s=TIMEOUT_S, report_window_s=1.0, snapshot_rate_mb_s=rate)
     common = {"core_ids": ["c0"], "config": cfg, "port": store.port, "size": 1, "max_updates": 40}
     plans = [
-        MemberPlan(id="c0", kind="core", rank=0, log=str(d / "c0.jsonl"), **common),
+        MemberPlan(
+            id="c0", kind="core", rank=0, log=str(d / "c0.jsonl"), await_hybrids=1, **common
+        ),
         MemberPlan(
             id="h0",
             kind="hybrid",
