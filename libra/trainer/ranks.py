@@ -7,8 +7,8 @@ failure rules differ: a core rank that dies or reports an error ends training
 (`TrainerError`); a hybrid that does is reported back as failed, and `ElasticTrainer`
 drops it. What a replica's state is (waiting, joining, ...) is the trainer's business.
 
-Processes are daemons of the driver, so they die with it; `close` stops them politely
-first.
+The processes are daemons: multiprocessing terminates them when the driver's
+interpreter exits. `close` stops them politely first.
 """
 
 from __future__ import annotations
