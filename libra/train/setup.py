@@ -95,7 +95,9 @@ async def warm_start(
     import random
 
     from libra.train.demos import demonstrations, load_expert
-    from libra.trainer.sft import SFTProgress, run_sft
+    from libra.train.handle import no_sigint
+    from libra.trainer.sft import SFTProgress
+    from libra.trainer.sft import warm_start as warm_start_process
 
     s = cfg.sft
     if s.steps == 0:
@@ -118,28 +120,22 @@ async def warm_start(
         if display.mode == "lines" and p.step % 100 == 0:
             loop.call_soon_threadsafe(display.line, f"warm start: {view.note}")
 
-    def fit() -> Any:
-        import torch
+    def fit() -> Any:  # in a trainer process (one torch thread); this thread relays progress
+        return warm_start_process(
+            base,
+            demos,
+            out / "sft",
+            steps=s.steps,
+            batch=s.batch,
+            lr=s.lr,
+            target=s.target,
+            seed=cfg.model.seed,
+            on_progress=progress,
+            should_stop=should_stop,
+        )
 
-        prev = torch.get_num_threads()
-        torch.set_num_threads(1)  # measured: 2 threads on 2 busy cores cost 2-8x the CPU
-        try:
-            return run_sft(
-                base,
-                demos,
-                out / "sft",
-                steps=s.steps,
-                batch=s.batch,
-                lr=s.lr,
-                target=s.target,
-                seed=cfg.model.seed,
-                on_progress=progress,
-                should_stop=should_stop,
-            )
-        finally:
-            torch.set_num_threads(prev)
-
-    res = await asyncio.to_thread(fit)
+    # SIGINT blocked: a Ctrl-C reaches `libra train`, which stops the process itself
+    res = await asyncio.to_thread(no_sigint(fit))
     report.event("warm-start", **dataclasses.asdict(res))
     display.line(
         f"warm start: {res.steps} steps, loss {res.loss:.3f}, P(demo) {res.seq_prob:.2f} "
