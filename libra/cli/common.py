@@ -72,7 +72,7 @@ def fleet_overrides(args: argparse.Namespace, prefix: str = "") -> dict[str, Any
 def apply_bucket_flags(cfg: Any, args: argparse.Namespace) -> None:
     """Merge `--endpoint` / `--bucket` / `--launch` into `cfg.buckets`."""
     from libra.endpoints.config import BucketConfig
-    from libra.rollout.fleet import merge_bucket_flags
+    from libra.rollout.serving import merge_bucket_flags
 
     endpoints = parse_pairs(args.endpoint, "--endpoint", "BUCKET=URL")
     bucket_flags = parse_pairs(args.bucket, "--bucket", "NAME=TP:BOUND")

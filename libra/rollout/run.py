@@ -19,7 +19,7 @@ from libra.record import Trajectory
 from libra.rollout.batch import Runner, run_episodes
 from libra.rollout.config import RolloutConfig
 from libra.rollout.episode import EpisodeRunner
-from libra.rollout.fleet import open_pool, resolve_fleet, resolve_model
+from libra.rollout.serving import open_pool, resolve_model, resolve_serving
 from libra.rollout.sink import JsonlSink, Progress, Stats
 from libra.rollout.tasks import episode_specs, load_tasks
 from libra.routing.base import Bucket, RoutingPolicy
@@ -86,7 +86,7 @@ async def rollout(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run one batch as configured; return the summary (also what `--json` prints)."""
-    fleet = resolve_fleet(config.model, config.limits.max_context, config.buckets)
+    serving = resolve_serving(config.model, config.limits.max_context, config.buckets)
     env = load_env(config.env, config.env_options)
     if tasks is None:
         tasks_path = config.tasks or env.default_tasks()
@@ -95,7 +95,7 @@ async def rollout(
         tasks = load_tasks(tasks_path, config.num_tasks)
     batch_id = config.batch_id or uuid.uuid4().hex[:12]
     specs = list(episode_specs(tasks, config.group_size, batch_id, config.step))
-    policy = make_policy(config.policy, fleet.buckets, config.routing)
+    policy = make_policy(config.policy, serving.buckets, config.routing)
     stats = Stats(len(specs))
     sink = JsonlSink(config.out)
     bar = Progress(stats) if progress else None
@@ -111,17 +111,17 @@ async def rollout(
     try:
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(env.close)  # runs last: after engines and pool stop
-            pool = await stack.enter_async_context(open_pool(fleet, config.endpoint))
+            pool = await stack.enter_async_context(open_pool(serving, config.endpoint))
             runner = await stack.enter_async_context(
                 episode_runner(
                     env,
                     env_name=config.env,
-                    tokenizer=fleet.tokenizer,
+                    tokenizer=serving.tokenizer,
                     pool=pool,
                     policy=policy,
                     sampling=config.sampling,
                     limits=config.limits,
-                    max_context=fleet.max_context,
+                    max_context=serving.max_context,
                 )
             )
             stats.t0 = stats.clock()

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from libra.errors import ConfigError
-from libra.rollout.fleet import open_pool, resolve_fleet
+from libra.rollout.serving import open_pool, resolve_serving
 from libra.service.app import build_app
 from libra.service.config import ServiceConfig
 from libra.service.envs import EnvHost
@@ -89,23 +89,23 @@ async def _serve(
     ready: Callable[[str], None] | None,
     stop: asyncio.Event | None,
 ) -> None:
-    fleet = resolve_fleet(config.model, config.limits.max_context, config.buckets)
-    envs = EnvHost(config.envs, fleet.buckets, config.policy, config.routing)
+    serving = resolve_serving(config.model, config.limits.max_context, config.buckets)
+    envs = EnvHost(config.envs, serving.buckets, config.policy, config.routing)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
-        pool = await stack.enter_async_context(open_pool(fleet, config.endpoint))
+        pool = await stack.enter_async_context(open_pool(serving, config.endpoint))
         manager = BatchManager(
             config=config,
             pool=pool,
-            tokenizer=fleet.tokenizer,
-            max_context=fleet.max_context,
+            tokenizer=serving.tokenizer,
+            max_context=serving.max_context,
             envs=envs,
         )
-        manager.recover(kept_urls=fleet.configured_urls)
+        manager.recover(kept_urls=serving.configured_urls)
         # Short shutdown timeout: open streams wait on the spool and would hold a stop up.
         app = build_app(manager, pool, config)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)

@@ -26,8 +26,8 @@ from libra.chat import ChatTokenizer
 from libra.cluster.engines import EngineLauncher
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, EndpointDown
-from libra.rollout.fleet import model_context, resolve_buckets
 from libra.rollout.run import episode_runner, load_env, make_policy
+from libra.rollout.serving import model_context, resolve_buckets
 from libra.rollout.sink import JsonlSink
 from libra.rollout.tasks import load_tasks, task_id
 from libra.routing.base import RoutingPolicy

@@ -1,4 +1,5 @@
-"""Buckets from config and flags: names, TP sizes, bounds, endpoint URLs.
+"""What a job serves: the model folder, its tokenizer, the context limit and the buckets
+(names, TP sizes, bounds, endpoint URLs) from config and flags.
 
 Flags (DESIGN.md): `--endpoint BUCKET=URL` (repeatable) adds an endpoint to a bucket;
 `--bucket NAME=TP:BOUND` (repeatable) declares a bucket's TP size and bound. Buckets
@@ -87,7 +88,7 @@ def resolve_buckets(buckets: Sequence[BucketConfig], max_context: int) -> list[B
 
 
 @dataclass(slots=True)
-class Fleet:
+class Serving:
     """What a job serves: the model folder, its tokenizer, the context limit and the
     buckets (with the endpoints and embedded engines each one asks for)."""
 
@@ -122,9 +123,9 @@ def model_context(model_dir: Path) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def resolve_fleet(
+def resolve_serving(
     model: str | None, max_context: int | None, buckets: Sequence[BucketConfig]
-) -> Fleet:
+) -> Serving:
     """Model folder, tokenizer, context limit and buckets; without buckets, one bucket
     `tp1` served by one embedded engine started for the job."""
     model_dir = resolve_model(model)
@@ -135,30 +136,30 @@ def resolve_fleet(
             f"{model_dir}/config.json has no max_position_embeddings; set limits.max_context"
         )
     configs = list(buckets) or [BucketConfig(name="tp1", tp=1, launch=1)]
-    return Fleet(model_dir, tokenizer, context, configs, resolve_buckets(configs, context))
+    return Serving(model_dir, tokenizer, context, configs, resolve_buckets(configs, context))
 
 
 @contextlib.asynccontextmanager
-async def open_pool(fleet: Fleet, config: EndpointConfig) -> AsyncIterator[EndpointPool]:
+async def open_pool(serving: Serving, config: EndpointConfig) -> AsyncIterator[EndpointPool]:
     """Start the embedded engines the buckets ask for (`launch`), then the endpoint pool
     over them and the configured URLs; both stop when the block ends."""
-    urls = {b.name: list(b.endpoints) for b in fleet.configs}
-    launch = {b.name: b.launch for b in fleet.configs}
+    urls = {b.name: list(b.endpoints) for b in serving.configs}
+    launch = {b.name: b.launch for b in serving.configs}
     async with contextlib.AsyncExitStack() as stack:
         if any(launch.values()):
-            started = await stack.enter_async_context(Launched(fleet.model_dir, launch))
+            started = await stack.enter_async_context(Launched(serving.model_dir, launch))
             for name, extra in started.items():
                 urls[name] += extra
-        pool = EndpointPool([(b, urls[b.name]) for b in fleet.buckets], config)
+        pool = EndpointPool([(b, urls[b.name]) for b in serving.buckets], config)
         yield await stack.enter_async_context(pool)
 
 
 __all__ = [
-    "Fleet",
+    "Serving",
     "merge_bucket_flags",
     "model_context",
     "open_pool",
     "resolve_buckets",
-    "resolve_fleet",
     "resolve_model",
+    "resolve_serving",
 ]
