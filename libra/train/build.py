@@ -34,7 +34,7 @@ from libra.routing.base import RoutingPolicy
 from libra.train import placement
 from libra.train.admission import StalenessGate
 from libra.train.config import TrainConfig
-from libra.train.display import Display, View
+from libra.train.display import View
 from libra.train.groups import TaskStream
 from libra.train.handle import TrainerHandle
 from libra.train.loop import Loop, Telemetry
@@ -136,149 +136,131 @@ async def build_run(
     out: Path,
     saved: dict[str, Any] | None,
     launcher: EngineLauncher,
-    report: Report,
-    display: Display,
-    view: View,
+    telemetry: Telemetry,
     should_stop: Callable[[], bool],
 ) -> Run:
     """Everything up to the loop (module doc); `saved` is the state of a run being
     resumed. On failure (or cancel) whatever was started is stopped again."""
-    stack = contextlib.AsyncExitStack()
-    try:
-        return await _build(cfg, out, saved, launcher, report, display, view, should_stop, stack)
-    except BaseException:
-        await stack.aclose()
-        raise
+    async with contextlib.AsyncExitStack() as stack:
+        report, display, view = telemetry.report, telemetry.display, telemetry.view
+        resumed = saved is not None
+        view.phase = "preparing"
+        base = await prepare_model(cfg, out)
+        env = load_env(cfg.data.env, cfg.data.env_options)
+        stack.push_async_callback(env.close)
+        tasks, val_tasks = _tasks(cfg, env)
+        tok = ChatTokenizer(base)
+        hw = await calibrate(cfg, out, base, view)
+        demos: list[Any] = []
+        if resumed:
+            start = out / "sft" if (out / "sft").is_dir() else base
+        else:
+            start, demos = await warm_start(
+                cfg, out, base, env, tok, tasks, view, display, report, should_stop
+            )
+        replanner = make_replanner(cfg, start, hw)
+        version = int(saved["version"]) if saved else 0
+        serve = out / "checkpoint" if resumed else start
+        workers = placement.workers(cfg, _starting_roles(cfg, replanner, demos, saved, report))
+        where = placement.placement(cfg, workers)
+        state = LoopState.from_dict(saved["loop"]) if saved else LoopState()
 
+        view.phase, view.note = "starting the fleet", ""
+        from libra.trainer import ElasticTrainer
 
-async def _build(
-    cfg: TrainConfig,
-    out: Path,
-    saved: dict[str, Any] | None,
-    launcher: EngineLauncher,
-    report: Report,
-    display: Display,
-    view: View,
-    should_stop: Callable[[], bool],
-    stack: contextlib.AsyncExitStack,
-) -> Run:
-    resumed = saved is not None
-    view.phase = "preparing"
-    base = await prepare_model(cfg, out)
-    env = load_env(cfg.data.env, cfg.data.env_options)
-    stack.push_async_callback(env.close)
-    tasks, val_tasks = _tasks(cfg, env)
-    tok = ChatTokenizer(base)
-    hw = await calibrate(cfg, out, base, view)
-    demos: list[Any] = []
-    if resumed:
-        start = out / "sft" if (out / "sft").is_dir() else base
-    else:
-        start, demos = await warm_start(
-            cfg, out, base, env, tok, tasks, view, display, report, should_stop
+        resume = str(out / "checkpoint") if resumed else None
+        trainer = TrainerHandle(ElasticTrainer(trainer_config(cfg, start), resume=resume))
+        stack.push_async_callback(trainer.close)
+        max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
+        buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
+        pool = EndpointPool([(b, []) for b in buckets], cfg.rollout.endpoint, joined_later=True)
+        weights = FolderSync(
+            write=trainer.save_weights,
+            root=out / "weights",
+            keep=cfg.trainer.keep_versions,
+            pool=pool,
+            kind=launcher.kind,
+            # a resumed run's engines start on its checkpoint; later ones on a folder that is
+            # never rewritten, then load the newest
+            origin=Weights(-1 if resumed else version, str(start)),
+            current=Weights(version, str(serve)),
         )
-    replanner = make_replanner(cfg, start, hw)
-    version = int(saved["version"]) if saved else 0
-    serve = out / "checkpoint" if resumed else start
-    workers = placement.workers(cfg, _starting_roles(cfg, replanner, demos, saved, report))
-    where = placement.placement(cfg, workers)
-    state = LoopState.from_dict(saved["loop"]) if saved else LoopState()
-
-    view.phase, view.note = "starting the fleet", ""
-    from libra.trainer import ElasticTrainer
-
-    resume = str(out / "checkpoint") if resumed else None
-    trainer = TrainerHandle(ElasticTrainer(trainer_config(cfg, start), resume=resume))
-    stack.push_async_callback(trainer.close)
-    max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
-    buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
-    pool = EndpointPool([(b, []) for b in buckets], cfg.rollout.endpoint, joined_later=True)
-    weights = FolderSync(
-        write=trainer.save_weights,
-        root=out / "weights",
-        keep=cfg.trainer.keep_versions,
-        pool=pool,
-        kind=launcher.kind,
-        # a resumed run's engines start on its checkpoint; later ones on a folder that is
-        # never rewritten, then load the newest
-        origin=Weights(-1 if resumed else version, str(start)),
-        current=Weights(version, str(serve)),
-    )
-    fleet = Fleet(
-        workers,
-        launcher=launcher,
-        placement=where,
-        weights=weights,
-        bucket_tp={b.name: b.tp for b in cfg.fleet.buckets},
-        log_dir=out / "logs",
-        drain_timeout_s=cfg.fleet.drain_timeout_s,
-    )
-    stack.push_async_callback(_stop_engines, fleet)
-    await stack.enter_async_context(pool)
-    t_start = time.monotonic()
-    await asyncio.gather(trainer.start(), fleet.start())
-    for w in fleet.hybrids("train"):
-        await trainer.add_hybrid(w.id)
-    replicas = await trainer.replicas()
-    trainer_start_s = next((r.start_s for r in replicas if r.start_s), 10.0)
-    if not resumed:
-        engine_s = max(fleet.engine_start_s, default=10.0)
-        state.costs = SwitchCosts(
-            to_train_s=trainer_start_s + 1.0,
-            to_rollout_s=cfg.planner.engine_start_s or engine_s,
+        fleet = Fleet(
+            workers,
+            launcher=launcher,
+            placement=where,
+            weights=weights,
+            bucket_tp={b.name: b.tp for b in cfg.fleet.buckets},
+            log_dir=out / "logs",
+            drain_timeout_s=cfg.fleet.drain_timeout_s,
         )
-    report.event(
-        "fleet-started",
-        wall_s=time.monotonic() - t_start,
-        engine_start_s=fleet.engine_start_s,
-        trainer_start_s=trainer_start_s,
-        roles=fleet.by_role(),
-        placement=where.by_worker(),
-    )
+        stack.push_async_callback(_stop_engines, fleet)
+        await stack.enter_async_context(pool)
+        t_start = time.monotonic()
+        await asyncio.gather(trainer.start(), fleet.start())
+        for w in fleet.hybrids("train"):
+            await trainer.add_hybrid(w.id)
+        replicas = await trainer.replicas()
+        trainer_start_s = next((r.start_s for r in replicas if r.start_s), 10.0)
+        if not resumed:
+            engine_s = max(fleet.engine_start_s, default=10.0)
+            state.costs = SwitchCosts(
+                to_train_s=trainer_start_s + 1.0,
+                to_rollout_s=cfg.planner.engine_start_s or engine_s,
+            )
+        report.event(
+            "fleet-started",
+            wall_s=time.monotonic() - t_start,
+            engine_start_s=fleet.engine_start_s,
+            trainer_start_s=trainer_start_s,
+            roles=fleet.by_role(),
+            placement=where.by_worker(),
+        )
 
-    routing = {"tree_path": str(out / "routing-tree.json"), **cfg.rollout.routing}
-    policy = make_policy(cfg.rollout.policy, pool.buckets, routing)
-    sampling = cfg.rollout.sampling
-    if sampling.seed is None:
-        sampling = sampling.model_copy(update={"seed": cfg.seed * 1_000_003})
-    common: dict[str, Any] = {"env_name": cfg.data.env, "tokenizer": tok, "pool": pool,
-                              "policy": policy, "limits": cfg.rollout.limits,
-                              "max_context": max_context}  # fmt: skip
-    runner = await stack.enter_async_context(episode_runner(env, sampling=sampling, **common))
-    validation = None
-    if val_tasks:
-        vs = sampling.model_copy(update={"temperature": cfg.validation.temperature, "seed": 7})
-        val_runner = await stack.enter_async_context(episode_runner(env, sampling=vs, **common))
-        validation = Validation(val_runner, val_tasks, cfg.validation.every, cfg.steps)
-    r = cfg.rollout
-    gate = StalenessGate(r.batch_groups, r.max_staleness,
-                         r.dynamic_sampling.max_replacements, version=version)  # fmt: skip
-    stream = TaskStream(tasks, cfg.seed, int(saved["stream"]) if saved else 0)
-    trajectories = JsonlSink(out / "trajectories.jsonl")
-    stack.callback(trajectories.close)
-    if resumed:
-        truncate_after(out / "metrics.jsonl", version)
-    if replanner is not None and saved and saved.get("planner"):
-        replanner.policy.last_replan_step = saved["planner"]["last_replan_step"]
-        replanner.policy.last_change_step = saved["planner"]["last_change_step"]
+        routing = {"tree_path": str(out / "routing-tree.json"), **cfg.rollout.routing}
+        policy = make_policy(cfg.rollout.policy, pool.buckets, routing)
+        sampling = cfg.rollout.sampling
+        if sampling.seed is None:
+            sampling = sampling.model_copy(update={"seed": cfg.seed * 1_000_003})
+        common: dict[str, Any] = {"env_name": cfg.data.env, "tokenizer": tok, "pool": pool,
+                                  "policy": policy, "limits": cfg.rollout.limits,
+                                  "max_context": max_context}  # fmt: skip
+        runner = await stack.enter_async_context(episode_runner(env, sampling=sampling, **common))
+        validation = None
+        if val_tasks:
+            vs = sampling.model_copy(update={"temperature": cfg.validation.temperature, "seed": 7})
+            val_runner = await stack.enter_async_context(episode_runner(env, sampling=vs, **common))
+            validation = Validation(val_runner, val_tasks, cfg.validation.every, cfg.steps)
+        r = cfg.rollout
+        gate = StalenessGate(r.batch_groups, r.max_staleness,
+                             r.dynamic_sampling.max_replacements, version=version)  # fmt: skip
+        stream = TaskStream(tasks, cfg.seed, int(saved["stream"]) if saved else 0)
+        trajectories = JsonlSink(out / "trajectories.jsonl")
+        stack.callback(trajectories.close)
+        if resumed:
+            truncate_after(out / "metrics.jsonl", version)
+        if replanner is not None and saved and saved.get("planner"):
+            replanner.policy.last_replan_step = saved["planner"]["last_replan_step"]
+            replanner.policy.last_change_step = saved["planner"]["last_change_step"]
 
-    def in_flight(n: int) -> None:
-        view.in_flight += n
+        def in_flight(n: int) -> None:
+            view.in_flight += n
 
-    rollouts = Rollouts(r, runner, gate, stream, trajectories, on_count=in_flight)
-    reconfig = Reconfigurer(
-        replanner=replanner, fleet=fleet, trainer=trainer, state=state, report=report,
-        view=view, steps=cfg.steps, decode_slots=cfg.fleet.engine_max_num_seqs,
-        bucket=buckets[0].name,
-    )  # fmt: skip
-    ckpt = Checkpointer(out, trainer, fleet, policy, stream, replanner, state, report)
-    loop = Loop(
-        steps=cfg.steps, checkpoint_every=cfg.report.checkpoint_every, rollouts=rollouts,
-        trainer=trainer, weights=weights, reconfig=reconfig, validation=validation,
-        telemetry=Telemetry(report, display, view), state=state, checkpoint=ckpt.save,
-        roles=fleet.by_role,
-    )  # fmt: skip
-    return Run(trainer, fleet, weights, loop, ckpt, view, stack)
+        rollouts = Rollouts(r, runner, gate, stream, trajectories, on_count=in_flight)
+        reconfig = Reconfigurer(
+            replanner=replanner, fleet=fleet, trainer=trainer, state=state, report=report,
+            view=view, steps=cfg.steps, decode_slots=cfg.fleet.engine_max_num_seqs,
+            bucket=buckets[0].name,
+        )  # fmt: skip
+        ckpt = Checkpointer(out, trainer, fleet, policy, stream, replanner, state, report)
+        loop = Loop(
+            steps=cfg.steps, checkpoint_every=cfg.report.checkpoint_every, rollouts=rollouts,
+            trainer=trainer, weights=weights, reconfig=reconfig, validation=validation,
+            telemetry=telemetry, state=state, checkpoint=ckpt.save,
+            roles=fleet.by_role,
+        )  # fmt: skip
+        # built: the run owns what it started (until then, a failure stops it again)
+        return Run(trainer, fleet, weights, loop, ckpt, view, stack.pop_all())
 
 
 async def _stop_engines(fleet: Fleet) -> None:

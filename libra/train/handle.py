@@ -78,13 +78,9 @@ class TrainerHandle:
         await self._call(self.trainer.save_checkpoint, path)
 
     async def close(self) -> None:
-        """Stop the trainer's processes (also when the caller is cancelled)."""
-        fut = asyncio.ensure_future(asyncio.to_thread(self.trainer.close))
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.wait([fut])
-            raise
+        """Stop the trainer's processes, after the call in flight (a start, a step) has
+        ended: the trainer is never entered twice, also when the caller is cancelled."""
+        await self._call(self.trainer.close)
 
 
 __all__ = ["TrainerHandle", "no_sigint"]

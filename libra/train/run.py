@@ -26,6 +26,7 @@ from typing import Any
 from libra.train.build import Run, build_run
 from libra.train.config import TrainConfig
 from libra.train.display import Display, View
+from libra.train.loop import Telemetry
 from libra.train.report import Report, write_plots
 from libra.train.setup import summarize
 from libra.train.state import prepare_out, write_json
@@ -80,9 +81,8 @@ async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
             f"libra train: {'resuming' if state else 'starting'} run in {out}"
             + (f" at step {state['version']}" if state else "")
         )
-        run = await build_run(
-            cfg, out, state, engines, report, display, view, lambda: stop.requested
-        )
+        telemetry = Telemetry(report, display, view)
+        run = await build_run(cfg, out, state, engines, telemetry, lambda: stop.requested)
         try:
             stop.run = run
             outcome = await run.train()

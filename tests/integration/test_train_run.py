@@ -17,6 +17,7 @@ import pytest
 from libra.train import load_config, placement
 from libra.train.build import build_run
 from libra.train.display import Display, View
+from libra.train.loop import Telemetry
 from libra.train.report import Report
 from libra.train.state import prepare_out
 from tests.conftest import ROOT
@@ -66,9 +67,8 @@ async def test_a_cancelled_run_records_its_aborted_episodes(tmp_path: Path) -> N
     out, saved = prepare_out(cfg, fresh=True)
     view = View(steps=cfg.steps)
     report = Report(out)
-    run = await build_run(
-        cfg, out, saved, placement.launcher(cfg), report, Display("off"), view, lambda: False
-    )
+    telemetry = Telemetry(report, Display("off"), view)
+    run = await build_run(cfg, out, saved, placement.launcher(cfg), telemetry, lambda: False)
     policy = run.checkpointer.policy
     learned: list[str] = []
     on_finish = policy.on_finish
