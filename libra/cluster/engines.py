@@ -112,7 +112,7 @@ class VllmLauncher:
 
     section: VllmSection
     python: str
-    """The interpreter of the venv with vLLM (`libra.train.vllm_fleet.check` found it)."""
+    """The interpreter of the venv with vLLM (`libra.train.placement.check` found it)."""
     max_num_seqs: int = 64
     kind: EndpointKind = "vllm"
 
