@@ -4,11 +4,15 @@ Going through the sandbox (rather than touching its files from the host) means a
 symlink the sandboxed code planted (`/work/x -> /etc/shadow`) resolves inside the
 sandbox, never on the host. The image needs `sh`, `cat`, `mkdir`, `chmod` and `tar`
 (busybox and Debian have them). Trees come back out through Python's `tarfile` with
-the `data` filter: no absolute paths, no links leaving the destination, no devices.
+the `data` filter: no absolute paths, no links leaving the destination, no devices; a
+tree the filter refuses (a symlink the sandboxed code pointed outside it) is a
+`SandboxError` naming the entry. Packing and unpacking trees is proportional to their
+size, so it runs in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import shlex
 import shutil
@@ -103,7 +107,12 @@ class ExecFileOps(Sandbox):
 
     async def copy_in(self, src: str | Path, dest: str) -> None:
         target = PurePosixPath(self.resolve(dest))
-        data = tar_bytes(Path(src), target.name)
+        try:
+            data = await asyncio.to_thread(tar_bytes, Path(src), target.name)
+        except FileNotFoundError:
+            raise
+        except (tarfile.TarError, OSError) as e:
+            raise SandboxError(f"copy_in {src}: cannot pack it: {e}") from None
         parent = shlex.quote(str(target.parent))
         raw = await self._run(
             f"mkdir -p -- {parent} && rm -rf -- {shlex.quote(str(target))} && "
@@ -120,7 +129,17 @@ class ExecFileOps(Sandbox):
         )
         if raw.exit_code != 0 or raw.out.truncated:
             raise _failed("copy_out", str(source), raw)
-        untar_to(raw.out.bytes(), source.name, Path(dest))
+        try:
+            await asyncio.to_thread(untar_to, raw.out.bytes(), source.name, Path(dest))
+        except FileNotFoundError:
+            raise
+        except tarfile.FilterError as e:
+            raise SandboxError(
+                f"copy_out {source}: refused {e} (only links that stay inside the copied "
+                "tree come out; remove or replace that link in the sandbox first)"
+            ) from None
+        except (tarfile.TarError, OSError) as e:
+            raise SandboxError(f"copy_out {source} to {dest}: {e}") from None
 
 
 __all__ = ["FILE_LIMIT", "ExecFileOps", "tar_bytes", "untar_to"]

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from libra.auth import bearer_matches
 from libra.proxy import protocol
 from libra.proxy.protocol import ProxyError
 from libra.proxy.session import Session
@@ -79,7 +80,7 @@ class ProxyServer:
     ) -> tuple[int, str, bytes]:
         """One API call: (HTTP status, content type, body)."""
         try:
-            if auth != f"Bearer {self.token}":
+            if not bearer_matches(auth, self.token):
                 raise ProxyError(401, "missing or wrong API key for this Libra proxy",
                                  "invalid_api_key", "authentication_error")  # fmt: skip
             m = _PATH.match(path)

@@ -17,7 +17,6 @@ fix. With a token, every call but `/healthz` needs `Authorization: Bearer TOKEN`
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from libra.auth import bearer_matches
 from libra.config import Config, format_validation_error
 from libra.endpoints.pool import EndpointPool
 from libra.service.config import ServiceConfig, SubmitRequest, WeightsRequest
@@ -55,14 +55,12 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 
 
 def auth_middleware(token: str | None) -> Any:
-    expected = f"Bearer {token}".encode() if token else None
-
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and request.path != "/healthz":
-            got = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(got, expected):
-                why = "wrong bearer token" if got else "missing bearer token"
+        if token and request.path != "/healthz":
+            header = request.headers.get("Authorization", "")
+            if not bearer_matches(header, token):
+                why = "wrong bearer token" if header else "missing bearer token"
                 return _error(
                     401, f"{why}: send the header `Authorization: Bearer TOKEN` with the "
                     "service's token (--token / LIBRA_TOKEN)",

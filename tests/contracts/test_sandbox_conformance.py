@@ -161,3 +161,23 @@ async def test_reaper_removes_expired_sandboxes(backend: Backend) -> None:
 async def test_missing_image_is_a_clear_error(backend: Backend) -> None:
     with pytest.raises(SandboxError, match="never pulls|neither a recipe"):
         await backend.create(SandboxSpec(image="no-such-image-xyz"))
+
+
+async def test_escaping_links_are_refused_with_a_sandbox_error(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """Links are copied as links (resolved inside the sandbox); a tree whose links point
+    outside it does not come out to the host: one `SandboxError` naming the link."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "ok.txt").write_text("ok\n")
+    (tree / "abs").symlink_to("/etc/passwd")
+    async with await backend.create(SMALL) as sb:
+        await sb.copy_in(tree, "/work/in")
+        r = await sb.exec("readlink in/abs; cat in/ok.txt")
+        assert r.stdout == "/etc/passwd\nok\n"
+        await sb.exec("ln -s ../../etc out-up && mkdir t && ln -s /etc/hostname t/h")
+        for src, name in (("out-up", "out-up"), ("t", "t/h"), ("in", "in/abs")):
+            with pytest.raises(SandboxError, match=f"copy_out /work/{src}: refused .*{name}"):
+                await sb.copy_out(src, tmp_path / "back" / src)
+        assert not (tmp_path / "back" / "t").exists()
