@@ -11,6 +11,12 @@ runs its rollout engines and trainer replicas as such processes. Measured:
   the whole machine's copy rate shared by all devices;
 - memory: physical RAM shared by the devices.
 
+Workers that share cores: with more devices x threads than the machine has cores (the
+CPU default runs 3 workers on 2 cores), a device gets its share of the cores, not a
+whole one: the compute peak is scaled by cores / (devices x threads) (capped at 1; the
+copy rate is already shared as above). The ranking of assignments still comes from the
+model; `libra train` corrects each one by what it measured (`libra.train.calibration`).
+
 Collectives between processes go through shared memory, so their bandwidth is taken as
 half the copy rate, with a fixed latency (gloo on loopback) that is an assumption. This
 function is the planner's one deliberate use of the clock; everything else is pure.
@@ -102,6 +108,7 @@ def calibrate_local(
     finally:
         torch.set_num_threads(prev)
     bw = min(bw_dev, bw_all / devices)
+    share = min(1.0, cores / (devices * tpd))  # devices that share cores get their part
     try:
         ram = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
@@ -112,7 +119,7 @@ def calibrate_local(
         name=f"this machine: {devices} devices of {tpd} thread(s) ({dtype})",
         memory_bytes=ram / devices,
         hbm_bandwidth=bw,
-        flops=peak,
+        flops=peak * share,
         intra_node_bandwidth=bw / 2,
         intra_node_topology="switch",
         inter_node_bandwidth=bw / 2,
@@ -127,7 +134,8 @@ def calibrate_local(
             step_overhead_s=step_overhead_s,
         ),
         sources={
-            "bf16_tflops": f"{measured}: best {dtype} 1024^3 matmul rate",
+            "bf16_tflops": f"{measured}: best {dtype} 1024^3 matmul rate x {share:.3g} "
+            f"(the share of {cores} cores each of {devices} x {tpd} threads gets)",
             "hbm_tbps": f"{measured}: 64 MiB tensor copy, min(one device, machine / devices)",
             "memory_gib": "physical RAM / devices",
             "efficiency.train_mfu": f"{measured}: SwiGLU MLP ({hidden}->{inter}) fwd+bwd / peak",

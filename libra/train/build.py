@@ -84,6 +84,7 @@ class Checkpointer:
                 "last_replan_step": r.policy.last_replan_step,
                 "last_change_step": r.policy.last_change_step,
             }
+            | r.state()
             if r
             else None,
         }
@@ -148,7 +149,7 @@ async def build_run(
         base = await prepare_model(cfg, out)
         env = load_env(cfg.data.env, cfg.data.env_options)
         stack.push_async_callback(env.close)
-        tasks, val_tasks = _tasks(cfg, env)
+        tasks, val_tasks = train_tasks(cfg, env)
         tok = ChatTokenizer(base)
         hw = await calibrate(cfg, out, base, view)
         demos: list[Any] = []
@@ -242,15 +243,16 @@ async def build_run(
         if replanner is not None and saved and saved.get("planner"):
             replanner.policy.last_replan_step = saved["planner"]["last_replan_step"]
             replanner.policy.last_change_step = saved["planner"]["last_change_step"]
+            replanner.restore(saved["planner"])
 
         def in_flight(n: int) -> None:
             view.in_flight += n
 
         rollouts = Rollouts(r, runner, gate, stream, trajectories, on_count=in_flight)
         reconfig = Reconfigurer(
-            replanner=replanner, fleet=fleet, trainer=trainer, state=state, report=report,
-            view=view, steps=cfg.steps, decode_slots=cfg.fleet.engine_max_num_seqs,
-            bucket=buckets[0].name,
+            replanner=replanner if cfg.planner.adapt else None, fleet=fleet,
+            trainer=trainer, state=state, report=report, view=view, steps=cfg.steps,
+            decode_slots=cfg.fleet.engine_max_num_seqs, bucket=buckets[0].name,
         )  # fmt: skip
         ckpt = Checkpointer(out, trainer, fleet, policy, stream, replanner, state, report)
         loop = Loop(
@@ -270,7 +272,8 @@ async def _stop_engines(fleet: Fleet) -> None:
         fleet.kill_now()
 
 
-def _tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def train_tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The training tasks and the held-out validation tasks of `cfg` (`data.*`)."""
     path = cfg.data.train or env.default_tasks()
     if path is None:
         raise ConfigError(f"env {cfg.data.env!r} ships no tasks; set data.train")
@@ -314,4 +317,4 @@ def _starting_roles(
     return n
 
 
-__all__ = ["Run", "build_run"]
+__all__ = ["Checkpointer", "Run", "build_run", "train_tasks"]

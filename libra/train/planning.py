@@ -12,13 +12,18 @@ workload just measured:
   the first bucket's TP size), lengths assigned to them by the planner's dynamic program;
 - asynchronous RL: t_iter = max(t_rollout, t_train).
 
-Calibration: the model's times for the assignment that just ran are compared with the
-measured training and rollout times of the step, and every option's times are scaled by
-those two factors (`calibration`): the model ranks the options, the run's measurements
-set the scale. The candidate is the fastest calibrated assignment; `ReplanPolicy.decide`
-applies it only when it is faster by the hysteresis band and its gain over the remaining
-steps beats the reconfiguration cost (measured: engine start, drain, trainer join), with
-a cooldown.
+Calibration, per assignment (`libra.train.calibration`): every step that ran wholly in
+one assignment records its factors, measured / modelled, for training and rollout
+(`observe`). An option is predicted as its modelled time on the current workload times
+its own factors (median of its last steps); an option that never ran borrows those of
+the assignment that ran last (before anything settled: the step just measured). So the
+model ranks the options it has not tried and each tried option speaks for itself: a
+switch that measured no gain is seen as such at the next decision. The candidate is the
+fastest calibrated assignment; `ReplanPolicy.decide` applies it only when it is faster
+by the hysteresis band and its gain over the remaining steps beats the reconfiguration
+cost (measured: engine start, drain, trainer join), with a cooldown. Moving back to the
+assignment the last change left is logged as a `revert`, with the prediction that
+chose the current one and what it measured.
 
 Rollout TP layouts (vLLM fleets whose buckets have different TP sizes): the core
 rollout devices can be laid out as different numbers of instances per bucket (say
@@ -50,6 +55,7 @@ from libra.planner import (
     evaluate_rollout,
     evaluate_train,
 )
+from libra.train.calibration import Measurements, Scale, ratio
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +220,12 @@ class Replanner:
     policy: ReplanPolicy
     current: Assignment
     log: list[dict[str, Any]] = field(default_factory=list)
+    measured: Measurements = field(default_factory=Measurements)
+    """Each assignment's measured / modelled factors (`observe`)."""
+    previous: Assignment | None = None
+    """The assignment the last applied change left (moving back to it is a revert)."""
+    chosen: dict[Assignment, float] = field(default_factory=dict)
+    """Predicted seconds per step of each assignment when a decision chose it."""
 
     def options(self, fixed_layout: bool = False) -> list[Assignment]:
         """Every assignment: k hybrids training, for every core layout (only the
@@ -262,6 +274,14 @@ class Replanner:
         self.log.append(entry)
         return entry
 
+    def observe(self, ran: Assignment, signals: Signals, work: Workload) -> Scale:
+        """Record a step that ran wholly in assignment `ran`: its factors, measured /
+        modelled on that step's workload. Returns them."""
+        plan = time_assignment(ran, self.shape, self.model, self.hw, work, self.settings)
+        scale = calibration(plan, signals)
+        self.measured.add(ran, scale)
+        return scale
+
     def consider(
         self, signals: Signals, work: Workload, remaining_steps: int, costs: SwitchCosts
     ) -> tuple[Decision, Assignment] | None:
@@ -269,16 +289,22 @@ class Replanner:
         if trigger is None:
             return None
         _, _, modelled = self.best(work)
-        scale = calibration(modelled[self.current], signals)
-        plans = {a: Timed.of(p, scale) for a, p in modelled.items()}
+        step_scale = calibration(modelled[self.current], signals)
+        scales = {a: self.measured.scale(a, step_scale) for a in modelled}
+        plans = {a: Timed.of(p, scales[a][0]) for a, p in modelled.items()}
         best = min(plans, key=lambda o: (plans[o].t_iter, self.moves(o)))
         plan, current = plans[best], plans[self.current]
         cost = switch_cost(self.current, best, self.shape, costs)
         d = self.policy.decide(
             current, plan, remaining_steps, reconfig=cost, step=signals.step, trigger=trigger
         )
+        own = scales[self.current][0]
         entry = d.as_dict() | {
-            "current": self._describe(self.current, current),
+            "current": self._describe(self.current, current)
+            | {
+                "predicted_when_chosen_s": self.chosen.get(self.current),
+                "measured_steps": self.measured.steps(self.current),
+            },
             "candidate": self._describe(best, plan),
             "reconfig": cost.as_dict(),
             "measured": {
@@ -286,13 +312,45 @@ class Replanner:
                 "train_s": signals.train_s,
                 "waiting_episodes": signals.waiting_episodes,
             },
-            "options": {self.key(a): _times(p) for a, p in plans.items()},
-            "calibration": {"train": scale[0], "rollout": scale[1]},
+            "options": {
+                self.key(a): _times(p)
+                | {"calibrated_by": scales[a][1], "measured_steps": self.measured.steps(a)}
+                for a, p in plans.items()
+            },
+            "calibration": {"train": own[0], "rollout": own[1], "by": scales[self.current][1]},
         }
+        if d.apply and best == self.previous:
+            entry["revert"] = True
+            entry["reason"] = (
+                f"revert to {self.key(best)}: {self.key(self.current)} was chosen at "
+                f"{_s(self.chosen.get(self.current))} per step and measures "
+                f"{current.t_iter:.3g} s; {self.key(best)} measured {plan.t_iter:.3g} s "
+                f"({d.reason})"
+            )
         self.log.append(_finite(entry))
         if d.apply:
-            self.current = best
+            self.previous, self.current = self.current, best
+            self.chosen[best] = plan.t_iter
         return d, best
+
+    def state(self) -> dict[str, Any]:
+        """What a resume needs besides the policy's steps."""
+        return {
+            "measured": self.measured.to_dict(self._keys),
+            "previous": None if self.previous is None else self._keys(self.previous),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        self.measured = Measurements.from_dict(saved.get("measured", []), self._parse)
+        prev = saved.get("previous")
+        self.previous = None if prev is None else self._parse(prev)
+
+    def _keys(self, a: Assignment) -> list[Any]:
+        return [a.train, a.hybrids, list(a.layout)]
+
+    @staticmethod
+    def _parse(key: list[Any]) -> Assignment:
+        return Assignment(int(key[0]), int(key[1]), tuple(int(n) for n in key[2]))
 
     def _describe(self, a: Assignment, p: Plan | Timed) -> dict[str, Any]:
         out: dict[str, Any] = {"hybrids_training": a.train, "hybrids_rollout": a.rollout}
@@ -317,18 +375,15 @@ class Timed:
         return cls(p.t_train * scale[0], p.t_rollout * scale[1])
 
 
-def calibration(current: Plan, signals: Signals) -> tuple[float, float]:
-    """(train, rollout) factors measured / modelled for the assignment that ran this
-    step. The cost model ranks assignments; the measurements fix its scale on this
-    machine (on 2 shared cores the model's per-device times are off by several times,
-    and not by the same factor on both sides). 1.0 where nothing was measured."""
+def calibration(plan: Plan, signals: Signals) -> Scale:
+    """(train, rollout) factors measured / modelled of the assignment that ran this
+    step (`plan`: the model's times for it on this step's workload). 1.0 where nothing
+    was measured."""
+    return ratio(signals.train_s, plan.t_train), ratio(signals.rollout_s, plan.t_rollout)
 
-    def ratio(measured: float, modelled: float) -> float:
-        if measured > 0 and modelled > 0 and math.isfinite(modelled):
-            return measured / modelled
-        return 1.0
 
-    return ratio(signals.train_s, current.t_train), ratio(signals.rollout_s, current.t_rollout)
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g} s"
 
 
 def _times(p: Plan | Timed) -> dict[str, float]:

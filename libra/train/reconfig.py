@@ -1,11 +1,15 @@
 """The planner's decisions applied to a live run: hybrids switching roles, core rollout
 instances restarted at other TP sizes, and the measured costs the next decision uses.
 
-After every step the loop hands over the step's measurements (`after_step`); the
-replanner (`libra.train.planning`, pure) decides; an applied decision runs as a task of
-the loop's TaskGroup while training goes on, one at a time. Every switch measures what
-it cost (drain, engine stop / start, trainer registration, a joiner's catch-up) and
-those figures replace the estimates in `LoopState.costs`.
+After every step the loop hands over the step's measurements (`after_step`). A step
+that ran wholly in one assignment (no switch in progress, every hybrid replica ready or
+gone, the same assignment at its start and its end) is recorded as that assignment's
+measurement (`Replanner.observe`); steps in a transition belong to no assignment and no
+decision is taken during one. Then the replanner (`libra.train.planning`, pure)
+decides; an applied decision runs as a task of the loop's TaskGroup while training goes
+on, one at a time. Every switch measures what it cost (drain, engine stop / start,
+trainer registration, a joiner's catch-up) and those figures replace the estimates in
+`LoopState.costs`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class Reconfigurer:
         """Where a hybrid that returns to rollout serves (the first bucket)."""
         self._switch: asyncio.Task[None] | None = None
         self._to_train_s = 0.0
+        self._settled: Assignment | None = replanner.current if replanner else None
+        """The assignment at the end of the last step (at the start: the starting one),
+        None if a transition was under way."""
 
     @property
     def busy(self) -> bool:
@@ -65,7 +72,7 @@ class Reconfigurer:
     ) -> None:
         """Ask the replanner about the step just trained (`records`, with `finished` the
         episodes that ended meanwhile); an applied decision starts as a task of `tg`."""
-        if self.replanner is None or self.busy:
+        if self.replanner is None:
             return
         engines = sum(1 for w in self.fleet.workers if w.role == "rollout")
         signals = Signals(
@@ -78,6 +85,11 @@ class Reconfigurer:
             rollout=WorkloadStats.from_records(finished or records),
             train=WorkloadStats.from_records(records),
         )
+        ran = self._ran(row)
+        if ran is not None:
+            self.replanner.observe(ran, signals, work)
+        if self.busy or self._settled is None:  # decide on settled measurements only
+            return
         remaining = self.steps - row["step"]
         out = self.replanner.consider(signals, work, remaining, self.state.costs)
         if out is None:
@@ -96,6 +108,24 @@ class Reconfigurer:
         self.view.last_decision = f"v{row['step']}: {note}"
         if decision.apply:
             self._switch = tg.create_task(self.apply(target), name="libra-switch")
+
+    def _ran(self, row: dict[str, Any]) -> Assignment | None:
+        """The assignment this whole step ran in (module doc), or None."""
+        assert self.replanner is not None
+        moving = ("starting", "waiting", "joining", "leaving")
+        replicas = row["replicas"]  # replica id -> state, as the step's report saw them
+        training = self.fleet.hybrids("train")
+        now: Assignment | None = Assignment(
+            len(training), self.replanner.shape.hybrids, self.layout()
+        )
+        if (
+            self.busy
+            or any(state in moving for state in replicas.values())
+            or any(replicas.get(w.id) != "ready" for w in training)  # not in this step yet
+        ):
+            now = None
+        before, self._settled = self._settled, now
+        return now if now is not None and now == before else None
 
     def on_trainer_events(self, events: list[Any], row: dict[str, Any]) -> None:
         """Log the trainer's membership events; a hybrid's join sets the measured cost

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from libra.planner import ReplanPolicy, Signals, WorkloadStats, load_hardware, load_model
 from libra.planner.replan import ReplanConfig
 from libra.sim import workloads
@@ -72,3 +74,68 @@ def test_hysteresis_keeps_a_plan_that_is_only_slightly_slower(tiny_model: Path) 
     default = replanner(tiny_model)  # 5%: the same gain is worth the switch
     decision, _ = default.consider(signals, work(), 1000, COSTS) or (None, None)
     assert decision is not None and decision.apply
+
+
+def test_a_switch_that_measured_no_gain_is_reverted(tiny_model: Path) -> None:
+    """The model says a second training replica halves training; measured, training got
+    slower (two replicas share the cores with the engine) and rollout too. Predicted
+    from its own steps, the new assignment loses to the one it replaced: the planner
+    moves back, and says so with the prediction that chose it and what it measured."""
+    r = replanner(tiny_model)
+    a, b = Assignment(0, 1), Assignment(1, 1)
+    before = Signals(step=1, train_s=100.0, rollout_s=10.0)
+    r.observe(a, before, work())
+    decision, target = r.consider(before, work(), 50, COSTS) or (None, None)
+    assert decision is not None and decision.apply and target == b
+    chosen_at = r.log[-1]["candidate"]["t_iter_s"]
+    assert chosen_at < 100.0  # the model's promise
+
+    for step in (2, 3):  # what b then measured: no gain at all
+        r.observe(b, Signals(step=step, train_s=110.0, rollout_s=20.0), work())
+    after = Signals(step=4, train_s=110.0, rollout_s=20.0)
+    decision, target = r.consider(after, work(), 47, COSTS) or (None, None)
+    assert decision is not None and decision.apply and target == a
+    entry = r.log[-1]
+    assert entry["revert"] is True and entry["reason"].startswith("revert to 0")
+    assert entry["current"]["predicted_when_chosen_s"] == chosen_at
+    assert entry["current"]["t_iter_s"] == pytest.approx(110.0)  # b from its own steps
+    assert entry["candidate"]["t_iter_s"] == pytest.approx(100.0)  # a from its own step
+    assert entry["options"]["0"]["calibrated_by"] == "own"
+    assert entry["options"]["1"]["measured_steps"] == 2
+    assert r.current == a and r.previous == b
+
+    # and it does not go back again: b keeps its measured times
+    decision, target = r.consider(Signals(step=5, train_s=100.0, rollout_s=10.0), work(), 46,
+                                  COSTS) or (None, None)  # fmt: skip
+    assert decision is not None and not decision.apply and target == a
+
+
+def test_an_option_that_never_ran_borrows_the_last_measured_factors(tiny_model: Path) -> None:
+    r = replanner(tiny_model)
+    (t_train, t_rollout), _ = modelled(r)[0], modelled(r)[1]
+    r.observe(Assignment(0, 1), Signals(step=1, train_s=3 * t_train, rollout_s=2 * t_rollout),
+              work())  # fmt: skip
+    # this step measured something else; the option that ran speaks for itself
+    decision = r.consider(Signals(step=2, train_s=1.0, rollout_s=1.0), work(), 10, COSTS)
+    assert decision is not None
+    entry = r.log[-1]
+    assert entry["calibration"] == {"train": pytest.approx(3.0), "rollout": pytest.approx(2.0),
+                                    "by": "own"}  # fmt: skip
+    assert entry["options"]["1"]["calibrated_by"] == "last"
+    t1_train, t1_rollout = modelled(r)[1]
+    assert entry["options"]["1"]["t_train_s"] == pytest.approx(3 * t1_train)
+    assert entry["options"]["1"]["t_rollout_s"] == pytest.approx(2 * t1_rollout)
+
+
+def test_measurements_survive_a_resume(tiny_model: Path) -> None:
+    import json
+
+    r = replanner(tiny_model)
+    r.observe(Assignment(0, 1), Signals(step=1, train_s=100.0, rollout_s=10.0), work())
+    r.consider(Signals(step=1, train_s=100.0, rollout_s=10.0), work(), 50, COSTS)
+    saved = json.loads(json.dumps(r.state()))  # as state.json holds it
+    again = replanner(tiny_model)
+    again.restore(saved)
+    assert again.previous == r.previous == Assignment(0, 1)
+    assert again.measured.own(Assignment(0, 1)) == r.measured.own(Assignment(0, 1))
+    assert again.measured.last == Assignment(0, 1)
