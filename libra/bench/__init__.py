@@ -12,4 +12,5 @@ BENCHMARKS: dict[str, str] = {
     "service": "service",
     "proxy": "proxy",
     "relayout": "relayout",
+    "train-ab": "train_ab",
 }

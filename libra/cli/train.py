@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from libra.cli.common import add_json_flag, print_json
 
@@ -14,6 +15,7 @@ examples:
   libra train examples/cpu-train.toml --seed 1 --out runs/seed1
   libra train examples/cpu-train.toml                     # again after Ctrl-C: resumes
   libra train examples/search-r1-gpu48.toml --dry-run     # validate + show the plan
+  libra train examples/cpu-train.toml --set planner.adapt=false   # any key, as TOML
 
 The run folder (`out`) gets metrics.jsonl, decisions.jsonl, events.jsonl, plots/*.png,
 checkpoint/ (serve it: libra serve-engine --model OUT/checkpoint) and summary.json.
@@ -42,6 +44,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--display", choices=("auto", "live", "lines", "off"), help="progress display")
     p.add_argument("--fresh", action="store_true", help="delete a run in `out` and start over")
     p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, VALUE in TOML (repeatable): "
+        "--set planner.adapt=false --set rollout.group_size=4",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="validate the config and print the fleet and the planner's first plan; start nothing",
@@ -59,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from libra.train import load_config
 
     logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
-    overrides = {
+    overrides = dict(_settings(args.set)) | {
         "out": args.out,
         "seed": args.seed,
         "steps": args.steps,
@@ -82,6 +92,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_render(summary))
     return code
+
+
+def _settings(pairs: list[str]) -> list[tuple[str, Any]]:
+    """`--set KEY=VALUE` pairs; VALUE is read as TOML (`false`, `4`, `"x"`, `[1, 2]`),
+    or taken as a plain string when it is not TOML (`--set out=runs/a`)."""
+    import tomllib
+
+    from libra.errors import ConfigError
+
+    out = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {pair}: expected KEY=VALUE, e.g. --set planner.adapt=false")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out.append((key.strip(), value))
+    return out
 
 
 def _render(s: dict) -> str:

@@ -205,6 +205,9 @@ class PlannerSection(Config):
     `min_gain_fraction`)."""
     settings: PlannerSettings = Field(default_factory=PlannerSettings)
     """Search settings; for the embedded fleet only TP 1 and no pipeline are used."""
+    adapt: bool = True
+    """False: the starting assignment stays for the whole run (no measurements, no
+    decisions): the fixed arm of `libra bench train-ab`."""
     engine_start_s: float | None = Field(None, gt=0)
     """Reconfiguration cost of starting an engine; None: measured when the fleet starts."""
     workload: str | None = None
