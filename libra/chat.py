@@ -18,6 +18,11 @@ already in the context and is cut from the front of `tail`.
 
 The Jinja environment mirrors transformers' (`tojson` without HTML escaping,
 `raise_exception`, `strftime_now`, trim_blocks / lstrip_blocks, loop controls).
+
+Tokenizing is proportional to the text (1-2 s per MB here), so callers on an event loop
+first bound the token count from the length alone (`min_tokens`: a text that cannot fit
+is refused without tokenizing it) and tokenize big texts in worker threads
+(`libra.rollout.offload`), each with its own `clone()`.
 """
 
 from __future__ import annotations
@@ -74,6 +79,19 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_KEEPING = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend"})
+
+
+def _keeps_text(spec: dict[str, Any]) -> bool:
+    """Whether a normalizer (its JSON) never removes characters beyond bounded ones."""
+    kind = spec.get("type")
+    if kind == "Sequence":
+        return all(_keeps_text(n) for n in spec.get("normalizers", []))
+    if kind == "Replace":
+        return bool(spec.get("content"))
+    return kind in _KEEPING
+
+
 class ChatTokenizer:
     """A model folder's tokenizer and chat template."""
 
@@ -114,6 +132,28 @@ class ChatTokenizer:
         self.eos_token = self.special_tokens.get("eos_token")
         self.eos_token_ids = self._eos_ids()
         self._plans: dict[int, tuple[Any, tuple[Any, str, str]]] = {}
+        self.chars_per_token = self._chars_per_token()
+        """Most characters of input text one token can stand for (None: unknown, when a
+        normalizer may delete text)."""
+
+    def clone(self) -> ChatTokenizer:
+        """An independent copy (for another thread: a fast tokenizer shared across
+        threads can fail with "Already borrowed", and the plan cache is not locked)."""
+        return ChatTokenizer(self.model_dir)
+
+    def _chars_per_token(self) -> int | None:
+        """Longest vocabulary entry (byte-level BPE: in bytes, which bound characters),
+        doubled for normalizers that compose characters (NFC: e + combining accent -> é);
+        None when the normalizer may delete text (then no bound holds)."""
+        norm = self.tokenizer.normalizer
+        if norm is not None and not _keeps_text(json.loads(norm.__getstate__())):
+            return None
+        longest = max((len(k) for k in self.tokenizer.get_vocab(with_added_tokens=True)), default=0)
+        return 2 * max(longest, 1)
+
+    def min_tokens(self, chars: int) -> int:
+        """A lower bound on the tokens of any text of `chars` characters (0 if unknown)."""
+        return chars // self.chars_per_token if self.chars_per_token else 0
 
     def _find_template(self) -> str:
         jinja_file = self.model_dir / "chat_template.jinja"

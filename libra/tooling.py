@@ -5,15 +5,22 @@ description, an `Args:` section (Google style) documents the parameters. A param
 annotated `libra.Context` receives the episode's context (its sandbox, task and scratch
 state) and is left out of the schema.
 
-A tool reports failure by raising or by returning `ToolResult(content, status="error")`.
-It runs under its own timeout (`@libra.tool(timeout=...)`); a sync tool runs in a worker
-thread, which Python cannot kill: on timeout the episode moves on and the thread finishes
-in the background, so sync tools that may hang should enforce their own limits.
+A tool reports failure by raising or by returning `ToolResult(content, status="error")`;
+whatever else goes wrong in it (a return value that is not text, a `ToolResult` with
+bad fields, a value JSON cannot hold) is the tool's error too: the call returns an
+`error` result and the episode goes on.
+
+It runs under its own timeout (`@libra.tool(timeout=...)`) through `libra.usercode`: an
+async tool in a task of its own, so the limit holds even for one that swallows
+cancellation (`timeout`); a sync tool in a thread of the user-code pool, never on the
+event loop. Python cannot kill a thread: on timeout the episode moves on and the thread
+finishes in the background, so sync tools that may hang should run their work where it
+can be killed (a sandbox, a subprocess).
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable
@@ -23,6 +30,7 @@ from typing import Any, Literal, get_type_hints, overload
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from libra import usercode
 from libra.errors import ToolError
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
@@ -116,8 +124,11 @@ class Tool:
         """Call the underlying function directly (handy in tests)."""
         return self.fn(*args, **kwargs)
 
-    async def invoke(self, arguments: dict[str, Any], ctx: Context | None = None) -> ToolResult:
-        """Validate arguments, run under the tool's timeout, never raise (but cancellation)."""
+    async def invoke(
+        self, arguments: dict[str, Any], ctx: Context | None = None, *, limit_s: float | None = None
+    ) -> ToolResult:
+        """Validate arguments, run under the tool's timeout (or `limit_s` when that is
+        shorter), never raise (but cancellation)."""
         try:
             parsed = self._args_model.model_validate(arguments)
         except ValidationError as e:
@@ -129,32 +140,56 @@ class Tool:
         kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
         if self._ctx_param is not None:
             kwargs[self._ctx_param] = ctx
+        limit = self.timeout if limit_s is None else min(limit_s, self.timeout)
         try:
-            async with asyncio.timeout(self.timeout):
-                if self.is_async:
-                    out = await self.fn(**kwargs)
-                else:
-                    out = await asyncio.to_thread(self.fn, **kwargs)
+            fn = functools.partial(self.fn, **kwargs)
+            out = await usercode.call(fn, limit_s=limit, what=f"tool {self.name}")
         except TimeoutError:
-            return ToolResult(f"Error: {self.name} timed out after {self.timeout:g} s", "timeout")
+            return ToolResult(f"Error: {self.name} timed out after {limit:g} s", "timeout")
         except ToolError as e:
             return ToolResult(f"Error: {e}", "error")
         except Exception as e:
             return ToolResult(f"Error: {type(e).__name__}: {e}", "error")
-        return as_result(out)
+        try:
+            return as_result(out)
+        except ToolError as e:  # the tool's mistake, told to the model like any error
+            return ToolResult(f"Error: {self.name} {e}", "error")
 
     def __repr__(self) -> str:
         return f"<libra.Tool {self.name}>"
 
 
 def as_result(out: Any) -> ToolResult:
+    """A tool's return value as a `ToolResult`: text as is, None as "", a `ToolResult`
+    when its fields are right, anything else as JSON. Raises `ToolError` naming what is
+    wrong (the caller makes it the call's `error`)."""
     if isinstance(out, ToolResult):
+        if not isinstance(out.content, str):
+            raise ToolError(
+                f"returned a ToolResult whose content is a {type(out.content).__name__}; "
+                "content must be a str"
+            )
+        if out.status not in ("ok", "error", "timeout"):
+            raise ToolError(
+                f"returned a ToolResult with status {out.status!r}; use 'ok', 'error' or 'timeout'"
+            )
+        if out.info is not None and not isinstance(out.info, dict):
+            raise ToolError(
+                f"returned a ToolResult whose info is a {type(out.info).__name__}; "
+                "info must be a dict or None"
+            )
         return out
     if out is None:
         return ToolResult("")
     if isinstance(out, str):
         return ToolResult(out)
-    return ToolResult(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS).decode())
+    try:
+        return ToolResult(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS).decode())
+    except TypeError as e:
+        raise ToolError(
+            f"returned a {type(out).__name__} that is not JSON-serialisable ({e}); return "
+            "a str, JSON data or a libra.ToolResult"
+        ) from None
 
 
 @overload

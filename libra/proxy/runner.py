@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from libra import usercode
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
@@ -41,6 +42,7 @@ from libra.proxy.turns import Shared
 from libra.record import Trajectory
 from libra.rollout.config import LimitsConfig
 from libra.rollout.episode import EpisodeSpec
+from libra.rollout.reward import BadReward, as_reward
 from libra.routing.base import RoutingPolicy
 from libra.toolcalls import HermesParser, ToolCallParser
 
@@ -132,15 +134,19 @@ class AgentRunner:
         session = Session(spec, self.shared)
         key, base_url = self.server.open(spec.id, session)
         client = self.client(base_url)
-        scope = asyncio.timeout(self.limits.episode_timeout_s)
         out: Any = _NOTHING
         failure: tuple[str, str] | None = None
+        expired = False
         try:
-            async with scope:
-                out = await self.agent(spec.task, client)
+            # In a task of its own: the episode's limit holds even for an agent that
+            # swallows cancellation.
+            out = await usercode.call(self.agent, spec.task, client,
+                                      limit_s=self.limits.episode_timeout_s,
+                                      what=f"agent {self.env_name}")  # fmt: skip
+        except usercode.LimitExceeded:
+            expired = True
         except TimeoutError as e:
-            if not scope.expired():
-                failure = ("error", f"agent raised TimeoutError: {e}")
+            failure = ("error", f"agent raised TimeoutError: {e}")
         except asyncio.CancelledError:
             self.server.close(key)
             record = self._record(spec, session, ("aborted", "cancelled"), _NOTHING)
@@ -154,18 +160,18 @@ class AgentRunner:
         finally:
             self.server.close(key)
             await client.close()
-        record = self._record(spec, session, self._status(session, failure, scope), out)
+        record = self._record(spec, session, self._status(session, failure, expired), out)
         self._stamp(record, t0, admitted_after_s)
         return record
 
     def _status(
-        self, session: Session, failure: tuple[str, str] | None, scope: asyncio.Timeout
+        self, session: Session, failure: tuple[str, str] | None, expired: bool
     ) -> tuple[str, str | None]:
         if session.ended is not None:
             return session.ended
         if failure is not None:
             return failure
-        if scope.expired():
+        if expired:
             return "timeout", f"episode exceeded {self.limits.episode_timeout_s:g} s"
         if not session.turns:
             return "error", "the agent returned without calling the model through its client"
@@ -184,6 +190,8 @@ class AgentRunner:
         if out is not _NOTHING and rec.status in ("ok", "truncated"):
             try:
                 rec.reward, rec.reward_info, answer = _as_reward(out)
+            except BadReward as e:
+                rec.status, rec.error = "error", f"agent's reward: {e}"
             except (TypeError, ValueError, KeyError) as e:
                 rec.status, rec.error = "error", f"agent returned {out!r:.80}: {e}"
             else:
@@ -196,21 +204,19 @@ class AgentRunner:
 
 
 def _as_reward(out: Any) -> tuple[float, dict[str, Any] | None, Any]:
-    """(reward, info, answer) from a float, `(float, info)` or `{"reward": ..., ...}`."""
+    """(reward, info, answer) from a float, `(float, info)` or `{"reward": ..., ...}`;
+    the reward must be a finite number (`libra.rollout.reward.as_reward`)."""
     if isinstance(out, dict):
         info = dict(out)
         if "reward" not in info:
             raise KeyError("a returned dict needs a 'reward' key")
-        reward = float(info.pop("reward"))
         answer = info.pop("answer", _NOTHING)
         if answer is not _NOTHING and answer is not None:
             answer = str(answer)
-        return reward, info or None, answer
-    if isinstance(out, tuple) and len(out) == 2:
-        return float(out[0]), dict(out[1]) if out[1] is not None else None, _NOTHING
+        return (*as_reward(info), answer)
     if out is None or isinstance(out, str):
         raise TypeError("return a float reward or a dict with 'reward'")
-    return float(out), None, _NOTHING
+    return (*as_reward(out), _NOTHING)
 
 
 __all__ = ["AgentRunner"]

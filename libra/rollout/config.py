@@ -8,6 +8,7 @@ from pydantic import Field
 
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
+from libra.rollout.toolrun import DEFAULT_MAX_OUTPUT_BYTES
 
 
 class LimitsConfig(Config):
@@ -27,6 +28,10 @@ class LimitsConfig(Config):
     reward_timeout_s: float = Field(300.0, gt=0)
     max_tool_calls_per_turn: int = Field(8, ge=1)
     """Further calls in one turn get an error response."""
+    max_tool_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, ge=1024)
+    """A tool's text beyond this many bytes (UTF-8) is cut before it is tokenized, with
+    a note the model sees; the tool return's `info` gets `output_cut_chars` (the
+    characters the tool returned). Tokenizing costs about 1.5 s per MB here."""
 
 
 class RolloutConfig(Config):

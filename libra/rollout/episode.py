@@ -9,6 +9,13 @@ Cancellation (batch cancelled) ends the episode `aborted`, records it, and re-ra
 Timeout scopes nest: episode (`limits.episode_timeout_s`) ⊃ turn (`turn_timeout_s`, all
 retries of one model turn) ⊃ call (`endpoint.request_timeout_s`) and tool (the tool's own
 timeout, capped by `tool_timeout_s`).
+
+Nothing proportional to a payload runs on the event loop: the env's hooks (prompt,
+setup, reward, teardown) and the tools run through `libra.usercode` (a plain function in
+a worker thread, a coroutine in a task of its own whose limit holds even if it swallows
+cancellation); a prompt that cannot fit is refused from its length alone; big prompts
+and tool returns are tokenized in worker threads (`libra.rollout.offload`), tool text
+being cut to `limits.max_tool_output_bytes` first.
 """
 
 from __future__ import annotations
@@ -21,8 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from libra import usercode
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import BucketDown, EndpointPool, Served
@@ -30,7 +36,9 @@ from libra.env import Env, reward_wants_context
 from libra.errors import EndpointError
 from libra.record import Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.config import LimitsConfig
-from libra.rollout.toolrun import CallOutcome, run_calls
+from libra.rollout.offload import offload, text_size
+from libra.rollout.reward import as_reward, plain, score
+from libra.rollout.toolrun import CallOutcome, encode_returns, run_calls
 from libra.routing.base import Decision, EpisodeState, RoutingPolicy, ToolState
 from libra.toolcalls import HermesParser, ToolCallParser
 from libra.tooling import Context, Tool
@@ -112,6 +120,7 @@ class EpisodeRunner:
         self.env = env
         self.env_name = env_name
         self.tok = tokenizer
+        self._offload = offload(tokenizer)
         self.pool = pool
         self.policy = policy
         self.sampling = sampling
@@ -179,9 +188,8 @@ class EpisodeRunner:
         status, error = "ok", None
         try:
             async with asyncio.timeout(self.limits.episode_timeout_s):
-                await self.env.setup(ctx)
-                async with self._cpu:
-                    holder.append(self._open(spec))
+                await usercode.call(self.env.setup, ctx, limit_s=None, what="env.setup")
+                holder.append(await self._open(spec))
                 await self._loop(holder[0], ctx)
         except _Ended as e:
             status, error = e.status, e.error
@@ -195,13 +203,24 @@ class EpisodeRunner:
         st = holder[0] if holder else None
         record = self._record(spec, st, status, error)
         if status in ("ok", "truncated", "timeout") and st is not None:
-            await self._score(record, ctx)
+            await score(self.env, record, ctx, limit_s=self.limits.reward_timeout_s,
+                        wants_context=self._reward_ctx)  # fmt: skip
         return record
 
-    def _open(self, spec: EpisodeSpec) -> _State:
-        messages = self.env.prompt(spec.task)
+    async def _open(self, spec: EpisodeSpec) -> _State:
+        messages = await usercode.call(self.env.prompt, spec.task, limit_s=None, what="env.prompt")
         _, schemas = self._tools(spec.task)
-        prompt_ids = self.tok.prompt_ids(messages, schemas or None)
+        size = text_size(messages)
+        if (least := self.tok.min_tokens(size)) >= self.max_context:
+            raise _Ended(
+                "truncated",
+                f"prompt of {size} characters (at least {least} tokens) does not fit the "
+                f"context of {self.max_context}",
+            )
+        async with self._cpu:
+            prompt_ids = await self._offload.run(
+                size, lambda tok: tok.prompt_ids(messages, schemas or None)
+            )
         if len(prompt_ids) >= self.max_context:
             raise _Ended(
                 "truncated",
@@ -223,6 +242,11 @@ class EpisodeRunner:
             async with self._cpu:
                 turn, content, closed = self._close_turn(st, start, served, finish)
                 answer = self.env.parse_answer(content)
+                if answer is not None and not isinstance(answer, str):
+                    raise TypeError(
+                        f"env.parse_answer returned a {type(answer).__name__}; "
+                        "return the answer's text or None"
+                    )
                 calls = [] if answer is not None else self.parser.parse(content)
             if answer is not None:
                 st.answer = answer
@@ -239,10 +263,11 @@ class EpisodeRunner:
                 tools,
                 max_calls=self.limits.max_tool_calls_per_turn,
                 timeout_cap_s=self.limits.tool_timeout_s,
+                max_output_bytes=self.limits.max_tool_output_bytes,
                 clock=self.clock,
             )
             async with self._cpu:
-                self._append_tools(st, turn, outcomes, schemas, closed)
+                await self._append_tools(st, turn, outcomes, schemas, closed)
                 self._route(st, turn_idx + 1)
         raise _Ended("truncated", f"reached max_turns={self.max_turns}")
 
@@ -344,7 +369,7 @@ class EpisodeRunner:
         )
         st.bucket = to
 
-    def _append_tools(
+    async def _append_tools(
         self,
         st: _State,
         turn: Turn,
@@ -352,10 +377,15 @@ class EpisodeRunner:
         schemas: list[dict[str, Any]],
         closed: bool,
     ) -> None:
-        tool_msgs: list[dict[str, Any]] = []
-        for o in outcomes:
+        tool_msgs = [
+            {"role": "tool", "name": o.call.name, "content": o.result.content} for o in outcomes
+        ]
+        payloads, delta = await self._offload.run(
+            sum(len(m["content"]) for m in tool_msgs),
+            lambda tok: encode_returns(tok, tool_msgs, schemas or None, closed),
+        )
+        for o, payload in zip(outcomes, payloads, strict=True):
             st.tool_s += o.latency_s
-            payload = len(self.tok.encode(o.result.content))
             turn.tool_calls.append(ToolCall(name=o.call.name, arguments=o.call.arguments))
             turn.tool_returns.append(
                 ToolReturn(
@@ -363,12 +393,10 @@ class EpisodeRunner:
                     status=o.result.status,
                     payload_tokens=payload,
                     latency_s=o.latency_s,
-                    info=_plain(o.result.info),
+                    info=plain(o.result.info),
                 )
             )
             st.tool_states.append(ToolState(o.call.name, o.result.status, payload))
-            tool_msgs.append({"role": "tool", "name": o.call.name, "content": o.result.content})
-        delta = self.tok.delta_ids(tool_msgs, schemas or None, model_closed_turn=closed)
         st.messages.extend(tool_msgs)
         if len(st.context) + len(delta) >= self.max_context:
             raise _Ended("truncated", f"tool output overflows max_context={self.max_context}")
@@ -423,50 +451,21 @@ class EpisodeRunner:
             rec._messages = st.messages
         return rec
 
-    async def _score(self, rec: Trajectory, ctx: Context) -> None:
-        try:
-            async with asyncio.timeout(self.limits.reward_timeout_s):
-                if self._reward_ctx:
-                    out = await _maybe_await(self.env.reward(ctx.task, rec, ctx))  # type: ignore[call-arg]
-                else:
-                    out = await _maybe_await(self.env.reward(ctx.task, rec))
-            rec.reward, rec.reward_info = _as_reward(out)
-        except TimeoutError:
-            rec.status, rec.error = "error", f"reward exceeded {self.limits.reward_timeout_s:g} s"
-        except Exception as e:
-            rec.status, rec.error = "error", f"reward failed: {type(e).__name__}: {e}"
-
     async def _teardown(self, ctx: Context) -> None:
         try:
-            async with asyncio.timeout(60):
-                await self.env.teardown(ctx)
+            await usercode.call(self.env.teardown, ctx, limit_s=60, what="env.teardown")
         except Exception:
             log.warning("teardown of episode %s failed", ctx.episode_id, exc_info=True)
 
 
-def _plain(info: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A tool's `info` as JSON-safe data (it goes on the record)."""
-    if not info:
-        return None
-    try:
-        return orjson.loads(orjson.dumps(info, option=orjson.OPT_NON_STR_KEYS))
-    except TypeError:
-        return {k: repr(v) for k, v in info.items()}
+# For libra.train.demos, which scores expert demonstrations itself.
+_as_reward = as_reward
 
 
 async def _maybe_await(value: Any) -> Any:
     if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
         return await value
     return value
-
-
-def _as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:
-    if isinstance(out, tuple) and len(out) == 2:
-        return float(out[0]), dict(out[1]) if out[1] is not None else None
-    if isinstance(out, dict):
-        info = dict(out)
-        return float(info.pop("reward")), info or None
-    return float(out), None
 
 
 __all__ = ["EpisodeRunner", "EpisodeSpec"]

@@ -1,0 +1,92 @@
+"""Scoring a finished episode: the env's `reward` under its time limit, its value checked.
+
+`reward` is user code: a coroutine function runs in a task of its own, a plain function
+in a worker thread (`libra.usercode`), so a slow or blocking reward never stalls the
+event loop, and the limit holds even when it swallows cancellation. What it returns must
+be a finite number (a NaN or an infinity would reach the trainer as `null`), with an
+optional dict of components that JSON can hold; anything else makes the episode `error`
+with the reason, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import orjson
+
+from libra import usercode
+from libra.env import Env
+from libra.record import Trajectory
+from libra.tooling import Context
+
+
+class BadReward(ValueError):
+    """The env's reward returned something that is not a reward."""
+
+
+async def score(
+    env: Env, rec: Trajectory, ctx: Context, *, limit_s: float, wants_context: bool
+) -> None:
+    """Set `rec.reward` / `rec.reward_info`, or `rec.status = "error"` with the reason."""
+    args = (ctx.task, rec, ctx) if wants_context else (ctx.task, rec)
+    try:
+        out = await usercode.call(
+            functools.partial(env.reward, *args), limit_s=limit_s, what="env.reward"
+        )
+        rec.reward, rec.reward_info = as_reward(out)
+    except TimeoutError:
+        rec.status, rec.error = "error", f"reward exceeded {limit_s:g} s"
+    except BadReward as e:
+        rec.status, rec.error = "error", f"reward: {e}"
+    except Exception as e:
+        rec.status, rec.error = "error", f"reward failed: {type(e).__name__}: {e}"
+
+
+def as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:
+    """(reward, info) from a number, `(number, info)` or `{"reward": number, ...info}`."""
+    info: Any = None
+    if isinstance(out, tuple) and len(out) == 2:
+        value, info = out
+    elif isinstance(out, dict):
+        info = dict(out)
+        if "reward" not in info:
+            raise BadReward("the returned dict has no 'reward' key")
+        value = info.pop("reward")
+        info = info or None
+    else:
+        value = out
+    try:
+        reward = float(value)
+    except (TypeError, ValueError):
+        raise BadReward(
+            f"got a {type(value).__name__} ({value!r:.60}); return a float, "
+            "(float, info) or {'reward': float, ...}"
+        ) from None
+    if not math.isfinite(reward):
+        raise BadReward(f"got {reward}; a reward must be a finite number")
+    if info is not None and not isinstance(info, dict):
+        raise BadReward(f"the info beside the reward is a {type(info).__name__}, not a dict")
+    return reward, plain(info)
+
+
+def plain(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A dict as JSON-safe data (it goes on the record): values JSON cannot hold become
+    their `repr`."""
+    if not info:
+        return None
+    try:
+        return dict(orjson.loads(orjson.dumps(info, option=orjson.OPT_NON_STR_KEYS)))
+    except TypeError:
+        return {str(k): _safe(v) for k, v in info.items()}
+
+
+def _safe(v: Any) -> Any:
+    try:
+        return orjson.loads(orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS))
+    except TypeError:
+        return repr(v)
+
+
+__all__ = ["BadReward", "as_reward", "plain", "score"]

@@ -1,0 +1,138 @@
+"""Running user code (tools, env hooks, agent functions) so that its limits hold whatever
+it does.
+
+- A plain function runs in a thread of the user-code pool, never on the event loop: a
+  synchronous reward that sleeps 3 s costs the service nothing but that thread. The pool
+  is its own (not asyncio's default one, which the spool's fsyncs use), so code stuck
+  past its limit cannot starve the service's own file I/O.
+- A coroutine function runs in a task of its own. The caller waits for that task under
+  the limit and, at the limit (or when the caller itself is cancelled), cancels it and
+  waits `GRACE_S` more for it to unwind. Code that swallows `CancelledError` is then left
+  behind (kept referenced, logged when it ends): the episode goes on with a `timeout`.
+
+What this cannot do: a thread cannot be killed. A plain function that blocks past its
+limit keeps its thread until it returns (the episode has moved on); `overruns()` counts
+such calls still running. Code that may block for good belongs in a process the env
+can kill (a sandbox exec, `libra.envs.verifier`'s worker processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger("libra.usercode")
+
+THREADS = 32
+"""Threads for synchronous user code; calls beyond that wait for a free one (their
+limit runs meanwhile)."""
+GRACE_S = 1.0
+"""How long cancelled async user code may take to unwind before it is left behind."""
+
+_left_behind: set[asyncio.Future[Any] | concurrent.futures.Future[Any]] = set()
+
+
+class LimitExceeded(TimeoutError):
+    """User code ran past the limit `call` gave it (not a TimeoutError it raised)."""
+
+
+@functools.cache
+def pool() -> ThreadPoolExecutor:
+    """The user-code thread pool (made on first use, shared by every event loop)."""
+    return ThreadPoolExecutor(THREADS, thread_name_prefix="libra-user")
+
+
+def is_async(fn: Any) -> bool:
+    """A coroutine function, or an object whose `__call__` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an async callable object
+    )
+
+
+def overruns() -> int:
+    """User-code calls still running after their caller gave up on them."""
+    return len(_left_behind)
+
+
+async def call(fn: Callable[..., Any], *args: Any, limit_s: float | None, what: str) -> Any:
+    """`fn(*args)` run as the module docstring says (keyword arguments: pass a
+    `functools.partial`); its result, or its exception. `LimitExceeded` (a
+    `TimeoutError`) when it ran past `limit_s` seconds (None: no limit of its own; the
+    caller's scope still cancels it). `what` names it in logs."""
+    thread: concurrent.futures.Future[Any] | None = None
+    fut: asyncio.Future[Any]
+    if is_async(fn):
+        fut = asyncio.get_running_loop().create_task(fn(*args), name=f"user:{what}")
+    else:
+        ctx = contextvars.copy_context()
+        thread = pool().submit(ctx.run, fn, *args)
+        fut = asyncio.wrap_future(thread)
+    try:
+        done, _ = await asyncio.wait({fut}, timeout=limit_s)
+    except asyncio.CancelledError:
+        await _abandon(fut, thread, what, "its caller was cancelled")
+        raise
+    if not done:
+        await _abandon(fut, thread, what, f"it ran past its limit of {limit_s:g} s")
+        raise LimitExceeded(f"{what} exceeded {limit_s:g} s")
+    if fut.cancelled():  # it cancelled itself: its failure, not a cancel of our caller
+        raise RuntimeError(f"{what} was cancelled from inside (it raised CancelledError)")
+    out = fut.result()
+    if inspect.isawaitable(out):  # a plain function that returned a coroutine
+        return await call(_awaited, out, limit_s=limit_s, what=what)
+    return out
+
+
+async def _awaited(aw: Any) -> Any:
+    return await aw
+
+
+async def _abandon(
+    fut: asyncio.Future[Any], thread: concurrent.futures.Future[Any] | None, what: str, why: str
+) -> None:
+    """Cancel the call and give a task `GRACE_S` to end; else leave it behind, counted
+    in `overruns()` until it ends."""
+    fut.cancel()  # a call still queued for a thread never starts; a running one runs on
+    interrupted = False
+    if thread is None:
+        try:  # shielded: our caller being cancelled again does not cut the grace short
+            await asyncio.shield(asyncio.wait({fut}, timeout=GRACE_S))
+        except asyncio.CancelledError:
+            interrupted = True
+    left: asyncio.Future[Any] | concurrent.futures.Future[Any] = thread or fut
+    if left.done():
+        _consume(left)
+    else:
+        _leave(left, what, why)
+    if interrupted:
+        raise asyncio.CancelledError
+
+
+def _leave(left: Any, what: str, why: str) -> None:
+    _left_behind.add(left)
+    started = time.monotonic()
+    log.warning("user code %s left running: %s", what, why)
+
+    def ended(f: Any) -> None:  # in the loop for a task, in the worker for a thread
+        _left_behind.discard(f)
+        if not f.cancelled():
+            f.exception()  # retrieved: no "exception was never retrieved" noise
+        log.warning("user code %s ended %.1f s after it was left", what, time.monotonic() - started)
+
+    left.add_done_callback(ended)
+
+
+def _consume(fut: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+__all__ = ["GRACE_S", "THREADS", "LimitExceeded", "call", "is_async", "overruns", "pool"]

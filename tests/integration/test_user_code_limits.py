@@ -1,0 +1,172 @@
+"""User code that misbehaves inside an episode (issue 14, items 2 and 3): the failure is
+the episode's data, limits hold whatever the code does, and nothing it does stalls the
+event loop. A real `libra rollout` against the fake vLLM server on loopback; the scripted
+model calls `calculator` once, then answers with what it returned."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+import libra
+from libra import registry
+from libra.chat import ChatTokenizer
+from libra.endpoints.config import BucketConfig
+from libra.record import Trajectory, read_jsonl
+from libra.rollout import rollout
+from tests.integration.test_rollout import cfg
+
+RELEASE = threading.Event()
+"""Set at the end of a test: stops tools that ignore cancellation."""
+HUGE = "word " * (4 * 1024 * 1024 // 5)
+
+
+def loop_answers(loop: asyncio.AbstractEventLoop) -> bool:
+    """From a thread: whether the event loop runs a callback while this thread waits (it
+    cannot if this code blocks the loop itself)."""
+    ran = threading.Event()
+    loop.call_soon_threadsafe(ran.set)
+    return ran.wait(5)
+
+
+@libra.tool(timeout=1)
+async def calculator(expression: str, ctx: libra.Context) -> Any:
+    """Evaluate an expression, misbehaving as the task says.
+
+    Args:
+        expression: what to evaluate.
+    """
+    mode = ctx.task["mode"]
+    if mode == "unserialisable":
+        return {"value": object()}
+    if mode == "bad-result":
+        return libra.ToolResult(content=42, status="ok")  # type: ignore[arg-type]
+    if mode in ("swallow", "swallow-episode"):
+        for _ in range(200):  # ignores cancellation until the test ends
+            if RELEASE.is_set():
+                break
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue
+        return "5"
+    if mode == "huge":
+        return HUGE
+    return "5"
+
+
+@libra.tool(timeout=5)
+def sync_calculator(expression: str, ctx: libra.Context) -> str:
+    """Evaluate an expression in a blocking function.
+
+    Args:
+        expression: what to evaluate.
+    """
+    return "5" if loop_answers(ctx.state["loop"]) else "blocked"
+
+
+class Faulty(libra.Env):
+    """Each task's `mode` picks what goes wrong. Its hooks are plain (blocking) functions."""
+
+    tools = [calculator]
+    max_turns = 3
+
+    def tools_for(self, task: dict[str, Any]) -> list[libra.Tool]:
+        if task["mode"] == "sync":
+            return [libra.tool(name="calculator")(sync_calculator.fn)]
+        return [calculator]
+
+    async def setup(self, ctx: libra.Context) -> None:
+        ctx.state["loop"] = asyncio.get_running_loop()
+
+    def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": "What is 2 + 3?"}]
+
+    def reward(self, task: dict[str, Any], trajectory: Any, ctx: libra.Context) -> Any:  # type: ignore[override]
+        mode = task["mode"]
+        if mode == "nan-reward":
+            return float("nan")
+        if mode == "odd-info":
+            return 1.0, {"obj": object(), "n": 2}
+        # A blocking reward: it holds its thread until the loop has run a callback.
+        return float(loop_answers(ctx.state["loop"]))
+
+
+MODES = ["plain", "sync", "unserialisable", "bad-result", "swallow", "nan-reward", "odd-info"]
+
+
+async def run_modes(tmp_path: Path, model: Path, url: str, modes: list[str], **kw: Any) -> dict:
+    RELEASE.clear()
+    registry.envs.register("test-faulty", Faulty())
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps({"id": m, "mode": m}) + b"\n" for m in modes))
+    c = cfg(tmp_path, model, [BucketConfig(name="tp1", endpoints=[url])], env="test-faulty",
+            tasks=str(tasks), concurrency=len(modes), **kw)  # fmt: skip
+    try:
+        await rollout(c, progress=False)
+    finally:
+        RELEASE.set()
+    return {r.task_id: r for r in read_jsonl(c.out)}
+
+
+def shown(rec: Trajectory, tok: ChatTokenizer) -> str:
+    """The tool response of the first turn as the model saw it."""
+    t = rec.turns[0]
+    return tok.decode(rec.response_token_ids[t.model_tokens : t.model_tokens + t.tool_tokens])
+
+
+async def test_faulty_user_code_is_data_and_limits_hold(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, MODES)
+    tok = ChatTokenizer(tiny_model)
+    returns = {m: r.turns[0].tool_returns[0] for m, r in recs.items()}
+    # Blocking hooks and tools ran beside the loop, which kept running.
+    for mode in ("plain", "sync"):
+        assert recs[mode].status == "ok" and recs[mode].reward == 1.0, recs[mode].error
+        assert returns[mode].status == "ok" and recs[mode].answer == "5"
+    # A tool's bad return value is that call's error; the episode goes on.
+    for mode, why in (("unserialisable", "not JSON-serialisable"),
+                      ("bad-result", "content is a int")):  # fmt: skip
+        assert recs[mode].status == "ok", recs[mode].error
+        assert returns[mode].status == "error" and why in shown(recs[mode], tok)
+        assert len(recs[mode].turns) == 2
+    # A tool that swallows cancellation still ends `timeout` at its limit.
+    assert returns["swallow"].status == "timeout" and recs["swallow"].status == "ok"
+    assert "timed out after 1 s" in shown(recs["swallow"], tok)
+    # A reward that is not a finite number is the episode's error, with the reason.
+    assert recs["nan-reward"].status == "error"
+    assert "finite" in (recs["nan-reward"].error or "")
+    # Reward components JSON cannot hold reach the record as text.
+    info = recs["odd-info"].reward_info or {}
+    assert recs["odd-info"].status == "ok" and info["n"] == 2
+    assert str(info["obj"]).startswith("<object object")
+
+
+async def test_the_episode_limit_holds_over_a_tool_that_ignores_cancellation(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, ["swallow-episode"],
+                           limits={"episode_timeout_s": 0.5, "tool_timeout_s": 30})  # fmt: skip
+    rec = recs["swallow-episode"]
+    assert rec.status == "timeout" and "episode exceeded 0.5 s" in (rec.error or "")
+
+
+async def test_a_huge_tool_return_is_cut_and_tokenized_off_the_loop(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    cpu = time.thread_time()  # CPU of this (the event loop's) thread, not wall time
+    recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, ["huge"])
+    loop_cpu = time.thread_time() - cpu
+    rec = recs["huge"]
+    ret = rec.turns[0].tool_returns[0]
+    assert (ret.info or {})["output_cut_chars"] == len(HUGE)
+    # 256 KiB of it is tens of thousands of tokens: more than the tiny model's context.
+    assert rec.status == "truncated" and "overflows" in (rec.error or "")
+    # Tokenizing 4 MB on the loop costs it ~6 s of CPU; cut and off the loop, a fraction.
+    assert loop_cpu < 1.5, loop_cpu
