@@ -110,7 +110,13 @@ def source_dir(project: Project) -> Path:
             tmp,
             f"{project.name}=={project.version}",
         ]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        try:  # a bounded wait: this runs in a worker thread nobody can kill
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise EnvError(
+                f"swe-repair: fetching {project.dirname} from PyPI took over 600 s; "
+                f"fetch it ahead with `python -m libra.envs.swe_projects fetch {project.name}`"
+            ) from None
         archives = list(Path(tmp).glob(f"{project.name}-{project.version}.tar.gz"))
         if done.returncode != 0 or not archives:
             raise EnvError(
@@ -170,6 +176,8 @@ class Mutation:
 
     def apply(self, text: str) -> str:
         lines = text.splitlines(keepends=True)
+        if not 1 <= self.line <= len(lines):
+            raise EnvError(f"{self.file} has {len(lines)} lines, not a line {self.line}")
         if lines[self.line - 1].rstrip("\n") != self.before:
             raise EnvError(f"{self.file}:{self.line} does not read {self.before!r}")
         lines[self.line - 1] = self.after + "\n"

@@ -10,6 +10,12 @@ which part failed.
 
 Tasks (`data/swe_repair.jsonl`) come from `data/make_swe_repair.py`, which mutates the
 projects in `swe_projects.PROJECTS` and keeps bugs that break 1-30 tests.
+
+A task is untrusted input (a `libra serve-rollout` client writes it): `check_task` accepts
+only a listed project, one of that project's listed library files (`Project.sources`),
+and fields of the right types and sizes, before anything touches a file; `prompt` runs
+it, so a bad task is refused at submit with the field and the fix. Files are read in a
+worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from libra.tools.shell import bash
 from libra.tools.submit import submit
 
 import libra
+from libra.errors import EnvError
 
 ROOT = "/work"
 SYSTEM = (
@@ -35,8 +42,51 @@ SYSTEM = (
 )
 
 
+MAX_TEXT = 1000
+"""Longest `before` / `after` line and test id a task may carry."""
+MAX_TESTS = 1000
+
+
 def project_root(task: dict[str, Any]) -> str:
     return f"{ROOT}/{task['project']}"
+
+
+def check_task(task: dict[str, Any]) -> None:
+    """Refuse a task that names anything but a listed project's listed library file, or
+    whose fields have the wrong type or size (`EnvError` naming the field and the fix)."""
+    project = PROJECTS.get(task.get("project")) if isinstance(task.get("project"), str) else None
+    if project is None:
+        raise EnvError(
+            f"swe-repair: task['project'] = {task.get('project')!r:.80} is not one of "
+            f"{', '.join(PROJECTS)}; tasks come from data/swe_repair.jsonl"
+        )
+    if task.get("file") not in project.sources:
+        raise EnvError(
+            f"swe-repair: task['file'] = {task.get('file')!r:.80} is not a library file of "
+            f"{project.name} ({', '.join(project.sources)}); a bug is injected only there"
+        )
+    line = task.get("line")
+    if type(line) is not int or not 1 <= line <= 100_000:
+        raise EnvError(f"swe-repair: task['line'] = {line!r:.40} must be a line number >= 1")
+    for key in ("before", "after"):
+        text = task.get(key)
+        if not isinstance(text, str) or len(text) > MAX_TEXT or "\n" in text or "\r" in text:
+            raise EnvError(
+                f"swe-repair: task[{key!r}] must be one line of text (at most {MAX_TEXT} "
+                "characters)"
+            )
+    tests = task.get("fail_to_pass")
+    if (
+        not isinstance(tests, list)
+        or not 1 <= len(tests) <= MAX_TESTS
+        or not all(isinstance(t, str) and len(t) <= MAX_TEXT for t in tests)
+    ):
+        raise EnvError(
+            f"swe-repair: task['fail_to_pass'] must be a list of 1-{MAX_TESTS} test ids (strings)"
+        )
+    passed = task.get("pristine_passed")
+    if type(passed) is not int or passed < 0:
+        raise EnvError("swe-repair: task['pristine_passed'] must be an integer >= 0")
 
 
 class SweRepair(libra.Env):
@@ -77,6 +127,7 @@ class SweRepair(libra.Env):
             self._backend = None
 
     def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        check_task(task)
         failing = task["fail_to_pass"]
         shown = "\n".join(f"- {t}" for t in failing[:8])
         more = f"\n(and {len(failing) - 8} more)" if len(failing) > 8 else ""
@@ -91,15 +142,16 @@ class SweRepair(libra.Env):
 
     async def setup(self, ctx: libra.Context) -> None:
         task = ctx.task
+        check_task(task)  # before anything is read or created
         project = PROJECTS[task["project"]]
         src = await asyncio.to_thread(source_dir, project)
+        mutation = Mutation(task["file"], task["line"], task["before"], task["after"], "")
+        mutated = await asyncio.to_thread(_mutated, src / task["file"], mutation)
         sb = await (await self.backend()).create(self.spec)
         ctx.sandbox = sb
         root = project_root(task)
         await sb.copy_in(src, root)
-        mutation = Mutation(task["file"], task["line"], task["before"], task["after"], "")
-        pristine = (src / task["file"]).read_text()
-        await sb.write_file(f"{root}/{task['file']}", mutation.apply(pristine))
+        await sb.write_file(f"{root}/{task['file']}", mutated)
 
     async def teardown(self, ctx: libra.Context) -> None:
         if ctx.sandbox is not None:
@@ -114,8 +166,14 @@ class SweRepair(libra.Env):
         return await judge(sb, task, self.test_timeout_s)
 
 
+def _mutated(path: Path, mutation: Mutation) -> str:
+    """The library file with the bug in it (blocking: a worker thread reads it)."""
+    return mutation.apply(path.read_text())
+
+
 async def judge(sb: Any, task: dict[str, Any], timeout_s: float = 300.0) -> tuple[float, dict]:
     """Restore the original tests, run the suite, score it (see the module docstring)."""
+    check_task(task)
     project = PROJECTS[task["project"]]
     src = await asyncio.to_thread(source_dir, project)
     root = project_root(task)
@@ -137,4 +195,4 @@ async def judge(sb: Any, task: dict[str, Any], timeout_s: float = 300.0) -> tupl
     return float(ok), info
 
 
-__all__ = ["SweRepair", "judge"]
+__all__ = ["SweRepair", "check_task", "judge"]

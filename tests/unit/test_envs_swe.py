@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 from libra.envs.loading import load_records
 from libra.envs.swe_projects import PROJECTS, Mutation, mutations, parse_junit
-from libra.envs.swe_repair import SweRepair
+from libra.envs.swe_repair import SweRepair, check_task
 
+import libra
 from libra.errors import EnvError
 
 SOURCE = '''
@@ -70,3 +72,51 @@ def test_prompt_names_the_failing_tests_and_how_to_run_them() -> None:
     text = env.prompt(task)[-1]["content"]
     assert task["fail_to_pass"][0] in text
     assert "python3 -m pytest" in text and f"/work/{task['project']}" in text
+
+
+HOSTILE = [
+    ({"file": "/etc/passwd"}, "task['file'] = '/etc/passwd' is not a library file"),
+    ({"file": "../../../../etc/hostname"}, "is not a library file of toolz"),
+    ({"file": "toolz/../../../x.py"}, "is not a library file"),
+    ({"file": "toolz/tests/test_functoolz.py"}, "is not a library file"),  # a test file
+    ({"file": ["toolz/itertoolz.py"]}, "is not a library file"),
+    ({"project": "../toolz"}, "task['project'] = '../toolz' is not one of toolz"),
+    ({"project": None}, "is not one of"),
+    ({"line": "5"}, "task['line'] = '5' must be a line number"),
+    ({"line": True}, "must be a line number"),
+    ({"line": 0}, "must be a line number"),
+    ({"before": "a\nb"}, "task['before'] must be one line"),
+    ({"after": "x" * 5000}, "task['after'] must be one line"),
+    ({"fail_to_pass": "t::x"}, "task['fail_to_pass'] must be a list"),
+    ({"fail_to_pass": []}, "task['fail_to_pass'] must be a list"),
+    ({"pristine_passed": -1}, "task['pristine_passed'] must be an integer"),
+]
+
+
+@pytest.mark.parametrize(("change", "why"), HOSTILE)
+def test_task_fields_never_name_anything_but_listed_sources(change: dict, why: str) -> None:
+    """A client's task is untrusted: `prompt` (what a submit runs) refuses it with the
+    field and the fix, before anything reads a file."""
+    env = SweRepair()
+    task = {**load_records(env.default_tasks())[0], **change}
+    with pytest.raises(EnvError, match=re.escape(why)):
+        env.prompt(task)
+
+
+async def test_setup_refuses_a_bad_task_before_touching_anything() -> None:
+    env = SweRepair(backend="no-such-backend")  # nothing may be opened for a bad task
+    task = {**load_records(env.default_tasks())[0], "file": "/etc/passwd"}
+    ctx = libra.Context(episode_id="e", task=task, env=env)
+    with pytest.raises(EnvError, match="is not a library file"):
+        await env.setup(ctx)
+    assert ctx.sandbox is None and env._backend is None
+
+
+def test_every_shipped_task_passes_the_check() -> None:
+    for task in load_records(SweRepair.default_tasks()):
+        check_task(task)
+
+
+def test_a_line_past_the_end_is_a_clear_error() -> None:
+    with pytest.raises(EnvError, match="m.py has 6 lines, not a line 99"):
+        Mutation("m.py", 99, "x", "y", "").apply(SOURCE)
