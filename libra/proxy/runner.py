@@ -42,6 +42,7 @@ from libra.proxy.turns import Shared
 from libra.record import Trajectory
 from libra.rollout.config import LimitsConfig
 from libra.rollout.episode import EpisodeSpec
+from libra.rollout.offload import offload
 from libra.rollout.reward import BadReward, as_reward
 from libra.routing.base import RoutingPolicy
 from libra.toolcalls import HermesParser, ToolCallParser
@@ -91,6 +92,7 @@ class AgentRunner:
             parser=parser or HermesParser(),
             cpu=asyncio.Semaphore(cpu_slots),
             clock=clock,
+            offload=offload(tokenizer),
         )
         self.server = ProxyServer()
         self._transport: Any = None

@@ -34,6 +34,7 @@ import logging
 import uuid
 from typing import Any
 
+from libra.chat import ChatTokenizer
 from libra.endpoints.pool import Served
 from libra.errors import EndpointError
 from libra.proxy import messages as m
@@ -41,6 +42,7 @@ from libra.proxy.protocol import ChatRequest, ProxyError, Reply, bad_request
 from libra.proxy.turns import ContextFull, Placement, Seg, Shared
 from libra.record import Segment, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.episode import EpisodeSpec
+from libra.rollout.offload import text_size
 from libra.routing.base import Decision, EpisodeState, ToolState
 
 log = logging.getLogger("libra.proxy")
@@ -103,7 +105,7 @@ class Session:
         try:
             async with self.sh.cpu:
                 msgs = self._canonical(req.messages)
-                self._take(req, msgs, turn_idx)
+                await self._take(req, msgs, turn_idx)
             start = len(self.segments[-1].response)
             served, finish = await self.place.generate(
                 self.segments[-1], turn_idx, req.max_tokens, req.stop
@@ -163,39 +165,63 @@ class Session:
                 task.cancel()
 
     # --- messages -> context -----------------------------------------------------------
-    def _take(self, req: ChatRequest, msgs: list[dict[str, Any]], turn_idx: int) -> None:
-        """Render what the request adds and commit it (all checks come before any change)."""
-        tok, tools = self.sh.tok, self.sh.intern_tools(req.tools)
+    async def _take(self, req: ChatRequest, msgs: list[dict[str, Any]], turn_idx: int) -> None:
+        """Render what the request adds and commit it (all checks come before any change).
+        A text that cannot fit is refused from its length alone; big ones are tokenized
+        in worker threads (`libra.rollout.offload`), never on the event loop."""
+        tools = self.sh.intern_tools(req.tools)
         rendered = [m.render_form(x) for x in msgs]
-        if not self.segments:
-            ids = tok.prompt_ids(rendered, tools)
-            self._fits(len(ids), "the prompt")
-            self.segments.append(Seg(0, "", ids, list(ids)))
-            n = len(ids)
-            state = EpisodeState(self.spec.id, self.spec.task_id, n, n, (), "", 0, tuple(ids))
-            self.place.bucket = self.place.known(self.sh.policy.on_start(state))
-        elif tools == self.tools and m.extends(self.history, msgs):
-            returns = self._returns(req, msgs, m.trailing_tools(msgs))
+        if self.segments and tools == self.tools and m.extends(self.history, msgs):
             new = rendered[len(self.history) :]
-            delta = tok.delta_ids(new, tools, model_closed_turn=self.closed_turn)
+            idx = m.trailing_tools(msgs)
             seg = self.segments[-1]
+            size = text_size(new)
+            least = len(seg.context) + self.sh.tok.min_tokens(size)
+            self._fits(least, "the new messages", at_least=True)
+            closed = self.closed_turn
+
+            def encode(tok: ChatTokenizer) -> tuple[list[int], list[int]]:
+                payloads = [len(tok.encode(msgs[i]["content"])) for i in idx]
+                return payloads, tok.delta_ids(new, tools, model_closed_turn=closed)
+
+            payloads, delta = await self.sh.offload.run(size, encode)
+            returns = self._returns(req, msgs, idx, payloads)
             self._fits(len(seg.context) + len(delta), "the new messages")
             seg.append(delta, None, model=False)
             self.turns[-1].tool_tokens += len(delta)
             self._commit_returns(returns, turn_idx)
+            self.tools = tools
+            return
+        # The opening prompt, or an edited history: the whole conversation, rendered.
+        what = "the prompt" if not self.segments else "the edited conversation"
+        answered = []
+        if self.segments:
+            answered = [i for i in m.trailing_tools(msgs) if self._answers_last(req, i)]
+        size = text_size(rendered)
+        self._fits(self.sh.tok.min_tokens(size), what, at_least=True)
+
+        def render(tok: ChatTokenizer) -> tuple[list[int], list[int]]:
+            payloads = [len(tok.encode(msgs[i]["content"])) for i in answered]
+            return payloads, tok.prompt_ids(rendered, tools)
+
+        payloads, ids = await self.sh.offload.run(size, render)
+        returns = self._returns(req, msgs, answered, payloads)
+        self._fits(len(ids), what)
+        if not self.segments:
+            self.segments.append(Seg(0, "", ids, list(ids)))
+            n = len(ids)
+            state = EpisodeState(self.spec.id, self.spec.task_id, n, n, (), "", 0, tuple(ids))
+            self.place.bucket = self.place.known(self.sh.policy.on_start(state))
         else:
             reason = "tools changed" if tools != self.tools else m.describe_edit(self.history, msgs)
-            answered = [i for i in m.trailing_tools(msgs) if self._answers_last(req, i)]
-            returns = self._returns(req, msgs, answered)
-            ids = tok.prompt_ids(rendered, tools)
-            self._fits(len(ids), "the edited conversation")
             self.segments.append(Seg(turn_idx, reason, ids, list(ids)))
             self._commit_returns(returns, turn_idx)
         self.tools = tools
 
-    def _fits(self, n: int, what: str) -> None:
+    def _fits(self, n: int, what: str, at_least: bool = False) -> None:
         if n >= self.sh.max_context:
-            self._end("truncated", f"{what} ({n} tokens) does not fit the context of "
+            tokens = f"at least {n} tokens" if at_least else f"{n} tokens"
+            self._end("truncated", f"{what} ({tokens}) does not fit the context of "
                       f"{self.sh.max_context}", 400, "context_length_exceeded")  # fmt: skip
 
     def _answers_last(self, req: ChatRequest, i: int) -> bool:
@@ -203,14 +229,14 @@ class Session:
         return str(raw.get("tool_call_id")) in self.last_calls
 
     def _returns(
-        self, req: ChatRequest, msgs: list[dict[str, Any]], idx: list[int]
+        self, req: ChatRequest, msgs: list[dict[str, Any]], idx: list[int], payloads: list[int]
     ) -> list[ToolReturn]:
         """Tool returns reported by this request; tool latency = the time the agent took
         between the reply and this request (one figure for all of them). An `info`
         object on a tool message (like `status`, a Libra extension) goes on the record."""
         gap = max(0.0, self.sh.clock() - self.replied_at) if idx else 0.0
         out = []
-        for i in idx:
+        for i, payload in zip(idx, payloads, strict=True):
             text, raw = msgs[i]["content"], req.messages[i]
             info = raw.get("info")
             if info is not None and not isinstance(info, dict):
@@ -218,7 +244,7 @@ class Session:
             out.append(ToolReturn(
                 tool=msgs[i]["name"],
                 status=m.tool_status(raw, text),
-                payload_tokens=len(self.sh.tok.encode(text)),
+                payload_tokens=payload,
                 latency_s=gap,
                 info=info or None,
             ))  # fmt: skip

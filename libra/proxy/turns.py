@@ -24,6 +24,7 @@ from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import BucketDown, EndpointPool, Served
 from libra.record import Migration
 from libra.rollout.config import LimitsConfig
+from libra.rollout.offload import Offload
 from libra.routing.base import Bucket, RoutingPolicy
 from libra.toolcalls import ToolCallParser
 
@@ -42,6 +43,8 @@ class Shared:
     cpu: asyncio.Semaphore
     """Gate on synchronous work (render, tokenize, parse), as in the native engine."""
     clock: Callable[[], float]
+    offload: Offload
+    """Tokenizing big texts off the event loop."""
     tool_lists: dict[bytes, list[dict[str, Any]]] = field(default_factory=dict)
     """One object per distinct `tools` list: the tokenizer caches its delta plans per
     object, and every request brings a freshly parsed copy."""
