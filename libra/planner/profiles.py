@@ -42,6 +42,10 @@ class Efficiency:
     """Fixed cost of one point-to-point send (pipeline stages)."""
     step_overhead_s: float = 1e-3
     """Engine time per decode step outside the model (scheduling, sampling, launches)."""
+    seq_overhead_s: float = 0.0
+    """Engine time per sequence of a decode step outside the model's FLOPs and bytes
+    (sampling over the vocabulary, per-sequence bookkeeping and detokenisation). 0 in
+    the datasheet profiles; `libra profile` measures it (docs/cost-model.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,6 +287,7 @@ def hardware_from_dict(data: Mapping[str, Any], where: str = "") -> HardwareProf
             allreduce_latency_s=float(e.get("allreduce_latency_us", 30.0)) * 1e-6,
             p2p_latency_s=float(e.get("p2p_latency_us", 10.0)) * 1e-6,
             step_overhead_s=float(e.get("step_overhead_ms", 1.0)) * 1e-3,
+            seq_overhead_s=float(e.get("seq_overhead_us", 0.0)) * 1e-6,
         )
         return HardwareProfile(
             id=str(d["id"]),
@@ -323,6 +328,7 @@ def hardware_to_dict(hw: HardwareProfile) -> dict[str, Any]:
             "allreduce_latency_us": hw.eff.allreduce_latency_s * 1e6,
             "p2p_latency_us": hw.eff.p2p_latency_s * 1e6,
             "step_overhead_ms": hw.eff.step_overhead_s * 1e3,
+            "seq_overhead_us": hw.eff.seq_overhead_s * 1e6,
         },
         "sources": dict(hw.sources),
     }

@@ -94,7 +94,10 @@ class InstanceCost:
     comm_step_s: float
     """Fixed all-reduce latency of one step (2 per layer), plus the engine overhead."""
     comm_per_token_s: float
-    """All-reduce transfer seconds per token in the step (2 per layer)."""
+    """Seconds per sequence of a decode step outside the max(memory, compute): its
+    all-reduce transfer (2 per layer) plus the engine's per-sequence overhead."""
+    link_per_token_s: float
+    """All-reduce transfer seconds of one prefilled token (no per-sequence overhead)."""
 
     @property
     def fits(self) -> bool:
@@ -142,7 +145,7 @@ class InstanceCost:
         """Compute time of prefilling `tokens` new tokens that attend over `pairs`
         (query, key) pairs, plus their all-reduce transfer (weights are read anyway by
         the decode steps the chunks ride along with)."""
-        return tokens * (self.cmp_per_token_s + self.comm_per_token_s) + pairs * self.cmp_per_pair_s
+        return tokens * (self.cmp_per_token_s + self.link_per_token_s) + pairs * self.cmp_per_pair_s
 
 
 def instance_cost(
@@ -157,6 +160,7 @@ def instance_cost(
     )
     dense_bytes = model.weight_bytes / tp - expert_bytes * (model.experts if model.is_moe else 0)
     link = allreduce_time(hw, 1.0, tp) - hw.eff.allreduce_latency_s if tp > 1 else 0.0
+    link_per_token = 2 * model.layers * link * model.hidden * model.dtype_bytes
     return InstanceCost(
         tp=tp,
         kv_capacity=kv_capacity_tokens(model, hw, tp, s) if tp_supported(model, hw, tp) else 0,
@@ -169,7 +173,8 @@ def instance_cost(
         cmp_per_pair_s=model.attn_flops_per_pair / tp / fl,
         comm_step_s=(2 * model.layers * hw.eff.allreduce_latency_s if tp > 1 else 0.0)
         + hw.eff.step_overhead_s,
-        comm_per_token_s=2 * model.layers * link * model.hidden * model.dtype_bytes,
+        comm_per_token_s=link_per_token + hw.eff.seq_overhead_s,
+        link_per_token_s=link_per_token,
     )
 
 
