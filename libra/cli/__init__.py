@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "serve-rollout": "libra.cli.serve_rollout",
     "serve-engine": "libra.cli.serve_engine",
     "plan": "libra.cli.plan",
+    "profile": "libra.cli.profile",
     "simulate": "libra.cli.simulate",
     "train": "libra.cli.train",
 }
