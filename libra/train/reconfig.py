@@ -5,7 +5,8 @@ After every step the loop hands over the step's measurements (`after_step`). A s
 that ran wholly in one assignment (no switch in progress, every hybrid replica ready or
 gone, the same assignment at its start and its end) is recorded as that assignment's
 measurement (`Replanner.observe`); steps in a transition belong to no assignment and no
-decision is taken during one. Then the replanner (`libra.train.planning`, pure)
+decision is taken during one, nor before the running assignment has `MIN_OWN_STEPS` of
+its own. Then the replanner (`libra.train.planning`, pure)
 decides; an applied decision runs as a task of the loop's TaskGroup while training goes
 on, one at a time. Every switch measures what it cost (drain, engine stop / start,
 trainer registration, a joiner's catch-up) and those figures replace the estimates in
@@ -28,6 +29,11 @@ from libra.train.report import Report
 from libra.train.roles import to_rollout, to_training
 from libra.train.state import LoopState
 from libra.train.workers import Fleet
+
+MIN_OWN_STEPS = 2
+"""Steps the running assignment is measured over before a decision may change it: one
+step is too noisy to judge (the first fills the pipeline; on a shared machine a step
+can take twice the next), and a decision on it flipped a run back and forth."""
 
 
 class Reconfigurer:
@@ -88,7 +94,11 @@ class Reconfigurer:
         ran = self._ran(row)
         if ran is not None:
             self.replanner.observe(ran, signals, work)
-        if self.busy or self._settled is None:  # decide on settled measurements only
+        if (
+            self.busy
+            or self._settled is None  # decide on settled measurements only
+            or self.replanner.measured.steps(self.replanner.current) < MIN_OWN_STEPS
+        ):
             return
         remaining = self.steps - row["step"]
         out = self.replanner.consider(signals, work, remaining, self.state.costs)
