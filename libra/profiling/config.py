@@ -42,7 +42,7 @@ class ProfileConfig(Config):
     decode_tokens: int = Field(32, ge=4)
     """N: tokens generated per sequence in the long request of a decode pair."""
     repeats: int = Field(10, ge=1)
-    """Rounds over the grid: timed requests per point (the fastest are kept)."""
+    """Rounds over the grid: timed requests per point (their first quartile is kept)."""
     held_out: tuple[int, int] | None = None
     """(batch, context) measured but not fitted, to check the prediction. Default: the
     geometric midpoints of the two largest grid values (off the grid)."""

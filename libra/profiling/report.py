@@ -19,10 +19,10 @@ from libra.profiling.session import ProfileResult
 
 METHOD = (
     "decode: one prompt with n = batch choices, ignore_eos, timed at max_tokens 1 and N; "
-    "(min t_N - min t_1) / (N - 1) is one step at a mean context of prompt + N/2; "
+    "(fast t_N - fast t_1) / (N - 1) is one step at a mean context of prompt + N/2; "
     "prefill: a fresh prompt, max_tokens 1, its request time = the step + a fixed cost per "
-    "request (fitted per endpoint); the fastest of many requests, in rounds over the whole "
-    "grid (contention only adds time); fit: least "
+    "request (fitted per endpoint); fast = the first quartile of many requests, in rounds "
+    "over the whole grid (contention only adds time); fit: least "
     "squares of log(predicted / measured) over the cost model's decode_step_time / "
     "prefill_time (libra.planner.fit)"
 )

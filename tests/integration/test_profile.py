@@ -23,8 +23,8 @@ from libra.planner import decode_step_time, load_hardware, load_model
 from tests.conftest import ROOT, free_port, wait_http
 
 # The grid the tiny model on 2 shared cores is profiled on: 20 rounds of 32-token
-# decode requests (the fastest of each point is kept; docs/benchmarks.md has the
-# figures and the command).
+# decode requests, each point's first quartile kept (docs/benchmarks.md has the figures
+# and the command).
 GRID = ["--batch", "1,4,16", "--context", "32,128,512", "--repeats", "20"]
 
 
