@@ -140,7 +140,9 @@ def render(doc: dict[str, Any]) -> str:
             ),
         ]
     else:
-        lines.append("plan: made at start on the measured `local` profile and the demonstrations")
+        hw = doc["planner"]["hardware"]
+        where = "the measured `local` profile" if hw == "local" else f"the profile {hw}"
+        lines.append(f"plan: made at start on {where} and the demonstrations")
     return "\n".join(lines)
 
 
