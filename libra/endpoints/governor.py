@@ -60,7 +60,7 @@ class Limiter:
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release()  # we were granted a slot just as we were cancelled
-            else:
+            elif fut in self._waiters:  # `_wake` may have dropped it already (cancelled)
                 self._waiters.remove(fut)
             raise
 

@@ -23,13 +23,13 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
 
 from libra.auth import bearer_matches
-from libra.config import Config, format_validation_error
+from libra.config import Config
 from libra.endpoints.pool import EndpointPool
-from libra.service.config import ServiceConfig, SubmitRequest, WeightsRequest
+from libra.service.config import ServiceConfig, WeightsRequest
 from libra.service.errors import RequestError
+from libra.service.intake import parse_body, parse_submit
 from libra.service.manager import BatchManager
 from libra.service.metrics import render
 from libra.service.stream import episode_chunks, group_chunks
@@ -89,23 +89,23 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
 
+SMALL_BODY = 64 * 1024
+"""Largest body of a request other than a submit (they carry a few fields)."""
+
+
 async def _body(request: web.Request, model: type[M]) -> M:
     raw = await request.read()
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise RequestError(400, f"the body is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise RequestError(400, f"the body must be a JSON object, got {type(doc).__name__}")
-    try:
-        return model.model_validate(doc)
-    except ValidationError as e:
-        raise RequestError(400, format_validation_error(e)) from None
+    if len(raw) > SMALL_BODY:
+        raise RequestError(413, f"the body is {len(raw)} bytes; {request.method} "
+                           f"{request.path} takes at most {SMALL_BODY}")  # fmt: skip
+    return parse_body(raw, model)
 
 
 async def submit(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER]
-    req = await _body(request, SubmitRequest)
+    # Parsed off the event loop (libra.service.intake): a big body is slow to parse.
+    raw = await request.read()
+    req = await parse_submit(raw, request.app[CONFIG].max_task_kb * 1024)
     batch, created = await manager.submit(req)
     doc = {"batch_id": batch.id, "created": created, "episodes": batch.total}
     return _json(doc, 201 if created else 200)
@@ -113,7 +113,7 @@ async def submit(request: web.Request) -> web.StreamResponse:
 
 async def status(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER]
-    return _json(manager.status(manager.get(request.match_info["batch_id"])))
+    return _json(manager.status(await manager.get(request.match_info["batch_id"])))
 
 
 async def cancel(request: web.Request) -> web.StreamResponse:
@@ -136,7 +136,7 @@ async def trajectories(request: web.Request) -> web.StreamResponse:
     unit = request.query.get("unit", "episode")
     if unit not in ("episode", "group"):
         raise RequestError(400, f"unit={unit!r}: expected 'episode' or 'group'")
-    batch = manager.get(request.match_info["batch_id"])
+    batch = await manager.get(request.match_info["batch_id"])
     resp = web.StreamResponse(
         headers={
             "Content-Type": "application/x-ndjson",

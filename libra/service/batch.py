@@ -16,6 +16,7 @@ from libra.record import Trajectory
 from libra.rollout.batch import Runner
 from libra.rollout.episode import EpisodeSpec
 from libra.rollout.tasks import episode_specs, task_id
+from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError
 from libra.service.spool import Spool
 
@@ -75,6 +76,14 @@ def request_digest(doc: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+def submit_digest(req: SubmitRequest) -> str:
+    """`request_digest` of a submit request (the same as of its `model_dump(mode="json")`
+    for a JSON body, without dumping its tasks again)."""
+    return request_digest({"env": req.env, "tasks": req.tasks, "group_size": req.group_size,
+                           "sampling": req.sampling.model_dump(mode="json"),
+                           "step": req.step})  # fmt: skip
+
+
 def specs_for(doc: dict[str, Any]) -> list[EpisodeSpec]:
     return list(episode_specs(doc["tasks"], doc["group_size"], doc["batch_id"], doc["step"]))
 
@@ -100,4 +109,4 @@ def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
             ) from None
 
 
-__all__ = ["Batch", "BatchState", "check_tasks", "request_digest", "specs_for"]
+__all__ = ["Batch", "BatchState", "check_tasks", "request_digest", "specs_for", "submit_digest"]

@@ -90,6 +90,9 @@ class ServiceConfig(Config):
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
     max_request_mb: float = Field(64.0, gt=0)
     """Largest request body accepted (a submit carries its tasks inline)."""
+    max_task_kb: int = Field(1024, ge=1)
+    """Largest task (its JSON) a submit may carry: tasks are parsed one at a time so
+    that no single parse holds the event loop up (docs/service.md)."""
     max_episodes_per_batch: int = Field(100_000, ge=1)
     """Largest batch (tasks x group_size) one submit may ask for."""
 

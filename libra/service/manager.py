@@ -5,14 +5,21 @@ One admission task hands free slots to episodes (`FairQueue`: the batch with the
 episodes running goes first). Every episode task belongs to the manager's TaskGroup.
 A finished record goes to its batch's spool first; streams read it from there, so
 they never hold an episode up. Cancelling a batch records its queued episodes and its
-running ones (cancelled mid-turn) as `aborted`; stopping the service records nothing
-for running episodes: a restarted service runs them again under the same ids.
+running ones (cancelled mid-turn, or before they took their first step) as `aborted`;
+stopping the service records nothing for running episodes: a restarted service runs
+them again under the same ids.
+
+Nothing proportional to a batch runs on the event loop in one go: a submit is parsed,
+validated and expanded into episodes in a worker thread (`libra.service.intake`), and
+the `aborted` records of a cancelled batch are written `ABORT_SLICE` at a time, the loop
+serving other work in between.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -29,7 +36,7 @@ from libra.proxy.agent import AgentEnv
 from libra.record import Trajectory
 from libra.rollout.episode import EpisodeSpec
 from libra.rollout.run import episode_runner
-from libra.service.batch import Batch, check_tasks, request_digest, specs_for
+from libra.service.batch import Batch, check_tasks, specs_for, submit_digest
 from libra.service.config import ServiceConfig, SubmitRequest
 from libra.service.envs import EnvHost
 from libra.service.errors import RequestError
@@ -41,6 +48,8 @@ log = logging.getLogger("libra.service")
 
 WEIGHTS = ".weights.json"
 """In the spool dir: the last weight version (a dot name: no batch id can take it)."""
+ABORT_SLICE = 64
+"""Aborted records written per event-loop turn when a batch is cancelled."""
 KEEP_LOADED = 16
 """Finished batches kept in memory (index, open file); older ones without readers are
 dropped and re-read from the spool when asked for again (a trainer submitting a batch
@@ -129,8 +138,7 @@ class BatchManager:
             elif self.config.spool.on_restart == "abort":
                 why = "the service restarted before the episode finished"
             if why is not None:
-                for spec in missing:
-                    self._finish(batch, batch.aborted(spec, why))
+                self._finish_many(batch, [batch.aborted(spec, why) for spec in missing])
             else:
                 self.fair.push(batch.id, missing)
                 self._work.set()
@@ -139,15 +147,23 @@ class BatchManager:
                 batch.id, len(missing), batch.total, "record aborted" if why else "run again",
             )  # fmt: skip
 
-    def _open(self, doc: dict[str, Any], state: Any) -> Batch:
-        folder = self.root / doc["batch_id"]
-        spool = Spool(
-            folder, doc["group_size"], durable_publish=self.config.spool.fsync == "always"
-        )
+    def _open(
+        self,
+        doc: dict[str, Any],
+        state: Any,
+        made: tuple[list[EpisodeSpec], Spool] | None = None,
+    ) -> Batch:
+        """A batch from its stored request; `made`: its specs and spool, when a worker
+        thread made them already (a submit)."""
+        specs, spool = made or (specs_for(doc), self._spool(doc))
         runnable = state == "running" and doc["env"] in self.envs.names()
-        batch = Batch(doc["batch_id"], doc, specs_for(doc), spool, runnable, state=state)
+        batch = Batch(doc["batch_id"], doc, specs, spool, runnable, state=state)
         self.batches[batch.id] = batch
         return batch
+
+    def _spool(self, doc: dict[str, Any]) -> Spool:
+        durable = self.config.spool.fsync == "always"
+        return Spool(self.root / doc["batch_id"], doc["group_size"], durable_publish=durable)
 
     async def _start_runner(self, batch: Batch) -> None:
         """The batch's runner (`episode_runner`: an EpisodeRunner for a libra.Env, an
@@ -177,18 +193,28 @@ class BatchManager:
                 log.exception("closing the runner of batch %s failed", batch.id)
 
     # --- the API -----------------------------------------------------------------------
-    def get(self, batch_id: str) -> Batch:
+    async def get(self, batch_id: str) -> Batch:
+        """A batch by id; a finished one that was unloaded is read back from the spool
+        in a worker thread (its records file is indexed line by line)."""
         batch = self.batches.get(batch_id)
         if batch is None and batch_id in self._terminal:
-            folder = self.root / batch_id
-            doc = orjson.loads((folder / "batch.json").read_bytes())
-            batch = self._open(doc, _read_state(folder).get("state", "done"))
-            batch.spool.close()
-            batch.completing = True
-            self._terminal.discard(batch_id)
+            doc, state, made = await asyncio.to_thread(self._reload, batch_id)
+            batch = self.batches.get(batch_id)  # another request may have loaded it meanwhile
+            if batch is None:
+                batch = self._open(doc, state, made)
+                batch.spool.close()
+                batch.completing = True
+                self._terminal.discard(batch_id)
+            else:
+                made[1].release()
         if batch is None:
             raise RequestError(404, f"no batch {batch_id!r} here; submit it with POST /v1/rollouts")
         return batch
+
+    def _reload(self, batch_id: str) -> tuple[dict[str, Any], Any, tuple[list[EpisodeSpec], Spool]]:
+        folder = self.root / batch_id
+        doc = orjson.loads((folder / "batch.json").read_bytes())
+        return doc, _read_state(folder).get("state", "done"), (specs_for(doc), self._spool(doc))
 
     def known(self, batch_id: str) -> bool:
         return batch_id in self.batches or batch_id in self._terminal
@@ -197,10 +223,10 @@ class BatchManager:
         """Create the batch (stored before this returns), or return the one with this
         id when the request is the same (idempotent); 409 when it differs."""
         async with self._submit_lock:
-            digest = request_digest(req.model_dump(mode="json"))
+            digest = await asyncio.to_thread(submit_digest, req)
             batch_id = req.batch_id or uuid.uuid4().hex[:16]
             if self.known(batch_id):
-                batch = self.get(batch_id)
+                batch = await self.get(batch_id)
                 if batch.doc["digest"] != digest:
                     raise RequestError(
                         409, f"batch {batch_id!r} exists with a different request; "
@@ -214,7 +240,6 @@ class BatchManager:
                     400, f"{len(req.tasks)} tasks x group_size {req.group_size} = {n} episodes; "
                     f"this service takes at most {self.config.max_episodes_per_batch} per batch",
                 )  # fmt: skip
-            check_tasks(req.tasks, None if isinstance(env, AgentEnv) else env.prompt)
             doc = {
                 "batch_id": batch_id,
                 "env": req.env,
@@ -225,28 +250,43 @@ class BatchManager:
                 "digest": digest,
                 "created": time.time(),
             }
-            folder = self.root / batch_id
-            await asyncio.to_thread(_create, folder, doc)
-            batch = self._open(doc, "running")
+            prompt = None if isinstance(env, AgentEnv) else env.prompt
+            made = await asyncio.to_thread(self._make, doc, prompt)
+            batch = self._open(doc, "running", made)
             batch.queued_since = self.clock()
             self.fair.push(batch.id, batch.specs)
             self._work.set()
             return batch, True
 
+    def _make(self, doc: dict[str, Any], prompt: Any) -> tuple[list[EpisodeSpec], Spool]:
+        """A submitted batch's checks, episodes, stored request and spool (blocking: a
+        worker thread runs it, as `prompt` is the env's code and all of it is
+        proportional to the batch)."""
+        check_tasks(doc["tasks"], prompt)
+        specs = specs_for(doc)
+        _create(self.root / doc["batch_id"], doc)
+        return specs, self._spool(doc)
+
     async def cancel(self, batch_id: str) -> Batch:
         """Queued episodes are recorded `aborted` at once, running ones as they stop."""
-        batch = self.get(batch_id)
+        batch = await self.get(batch_id)
         if batch.state != "running" or batch.complete:
             return batch
         batch.state = "cancelled"
         state = {"state": "cancelled", "complete": False}
         await asyncio.to_thread(write_json_atomic, batch.spool.folder / "state.json", state)
-        for spec in self.fair.drop(batch.id):
-            self._finish(batch, batch.aborted(spec, "cancelled before it started"))
         for task in batch.tasks.values():
             task.cancel()
+        await self._abort(batch, self.fair.drop(batch.id), "cancelled before it started")
         self._check_complete(batch)
         return batch
+
+    async def _abort(self, batch: Batch, specs: list[EpisodeSpec], why: str) -> None:
+        """Record `specs` as `aborted`, a slice per event-loop turn."""
+        for i in range(0, len(specs), ABORT_SLICE):
+            if i:
+                await asyncio.sleep(0)
+            self._finish_many(batch, [batch.aborted(s, why) for s in specs[i : i + ABORT_SLICE]])
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -291,9 +331,15 @@ class BatchManager:
                     self._slots.release()
                     self._finish(batch, record)
                     continue
-            batch.tasks[spec.id] = tg.create_task(
-                self._episode(batch, spec, waited), name=f"episode:{spec.id}"
-            )
+            if batch.state != "running":  # cancelled while its runner started
+                self.fair.release(batch.id)
+                self._slots.release()
+                if spec.id not in batch.spool.ids:
+                    self._finish(batch, batch.aborted(spec, "cancelled before it started"))
+                continue
+            task = tg.create_task(self._episode(batch, spec, waited), name=f"episode:{spec.id}")
+            batch.tasks[spec.id] = task
+            task.add_done_callback(functools.partial(self._episode_done, batch, spec))
 
     async def _episode(self, batch: Batch, spec: EpisodeSpec, waited: float) -> None:
         def on_abort(record: Trajectory) -> None:
@@ -307,24 +353,38 @@ class BatchManager:
             log.exception("episode %s raised", spec.id)
             record = batch.aborted(spec, f"internal error: {type(e).__name__}: {e}")
             record.status = "error"
-        finally:
-            batch.tasks.pop(spec.id, None)
-            self.fair.release(batch.id)
-            self._slots.release()
         self._finish(batch, record)
 
+    def _episode_done(self, batch: Batch, spec: EpisodeSpec, task: asyncio.Task[None]) -> None:
+        """Runs whether or not the episode's coroutine ever ran: a task cancelled before
+        its first step runs no code of its own, so its slot and its record are seen to
+        here."""
+        batch.tasks.pop(spec.id, None)
+        self.fair.release(batch.id)
+        self._slots.release()
+        if task.cancelled() and batch.state == "cancelled" and spec.id not in batch.spool.ids:
+            self._finish(batch, batch.aborted(spec, "cancelled before it started"))
+
     def _finish(self, batch: Batch, record: Trajectory) -> None:
-        if record.id in batch.spool.ids:
-            log.error("episode %s finished twice; keeping the first record", record.id)
-            return
-        batch.spool.append(record)
+        self._finish_many(batch, [record])
+
+    def _finish_many(self, batch: Batch, records: list[Trajectory]) -> None:
+        fresh = []
+        for record in records:
+            if record.id in batch.spool.ids:
+                log.error("episode %s finished twice; keeping the first record", record.id)
+            else:
+                fresh.append(record)
+        batch.spool.extend(fresh)
         self.syncer.touched(batch.spool)
-        self.metrics.add(record)
-        if batch.runnable:
-            try:
-                self.envs.policy(batch.doc["env"]).on_finish(record)
-            except Exception:
-                log.exception("routing policy failed to learn from %s", record.id)
+        policy = self.envs.policy(batch.doc["env"]) if batch.runnable else None
+        for record in fresh:
+            self.metrics.add(record)
+            if policy is not None:
+                try:
+                    policy.on_finish(record)
+                except Exception:
+                    log.exception("routing policy failed to learn from %s", record.id)
         self._check_complete(batch)
 
     def _check_complete(self, batch: Batch) -> None:

@@ -82,16 +82,25 @@ class Spool:
 
     def append(self, record: Trajectory) -> int:
         """Append `record` with the next seq (set on the record); returns the seq."""
-        if record.id in self.ids:
-            raise ValueError(f"episode {record.id} already has a record in {self.path}")
-        seq = record.seq = len(self.ends)
-        line = record.to_json() + b"\n"
-        self._w.write(line)
+        self.extend([record])
+        return record.seq
+
+    def extend(self, records: list[Trajectory]) -> None:
+        """Append `records` in order with the next seqs, in one write."""
+        if not records:
+            return
+        lines = []
+        for k, record in enumerate(records):
+            if record.id in self.ids:
+                raise ValueError(f"episode {record.id} already has a record in {self.path}")
+            record.seq = len(self.ends) + k
+            lines.append(record.to_json() + b"\n")
+        self._w.write(b"".join(lines))
         self._w.flush()
-        self._index(seq, record.id, record.group_id, record.status, len(line))
+        for record, line in zip(records, lines, strict=True):
+            self._index(record.seq, record.id, record.group_id, record.status, len(line))
         if not self.durable_publish:
-            self.publish(seq + 1)
-        return seq
+            self.publish(len(self.ends))
 
     def sync(self) -> int:
         """fsync the file (blocking: call it in a thread); returns the records covered."""

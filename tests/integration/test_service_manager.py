@@ -54,7 +54,7 @@ async def test_many_finished_batches_are_unloaded_and_reloaded_on_demand(
             assert len(manager.batches) <= KEEP_LOADED
             assert fds is not None and open_fds() <= fds  # no descriptor per finished batch
             # An unloaded batch comes back from the spool with its status and records.
-            old = manager.get("s0")
+            old = await manager.get("s0")
             assert manager.status(old)["state"] == "done"
             assert manager.status(old)["counts"]["ok"] == 1
             lines = b"".join([c async for c in episode_chunks(old, -1)])

@@ -1,0 +1,48 @@
+"""Submit bodies parsed off the event loop (libra.service.intake): a big body goes
+through a child process and comes back as the very request a small one would be (same
+fields, same idempotency digest); bad bodies are one 400 naming the problem."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from libra.service.batch import submit_digest
+from libra.service.config import SubmitRequest
+from libra.service.errors import RequestError
+from libra.service.intake import INLINE_BYTES, parse_body, parse_submit
+
+BIG = 1 << 30
+
+
+def body(n: int, **extra: object) -> bytes:
+    tasks = [{"id": f"t{i}", "question": f"What is {i} + 1?", "n": i, "x": [1.5, None]}
+             for i in range(n)]  # fmt: skip
+    return orjson.dumps({"env": "arith", "tasks": tasks, **extra})
+
+
+async def test_a_big_body_comes_back_as_the_same_request() -> None:
+    raw = body(30_000, sampling={"temperature": 0.5}, batch_id="b-1", group_size=2)
+    assert len(raw) > INLINE_BYTES  # through the child process
+    req = await parse_submit(raw, BIG)
+    same = parse_body(raw, SubmitRequest)
+    assert req.tasks == same.tasks and req.env == same.env and req.batch_id == "b-1"
+    assert req.group_size == 2 and req.step is None
+    assert req.sampling.model_fields_set == {"temperature"} and req.sampling.temperature == 0.5
+    assert submit_digest(req) == submit_digest(same)
+
+
+@pytest.mark.parametrize("n", [10, 40_000])  # inline and through the child
+async def test_bad_bodies_are_one_clear_400(n: int) -> None:
+    cases = [
+        (body(n)[:-1], "the body is not valid JSON"),
+        (body(n, group_size=0), "group_size: Input should be greater than or equal to 1"),
+        (body(n, colour="red"), "colour: unknown key"),
+        (body(n)[:-2] + b',"oops"]}', f"tasks.{n}: Input should be a valid dictionary"),
+    ]
+    for raw, why in cases:
+        with pytest.raises(RequestError, match=why) as e:
+            await parse_submit(raw, BIG)
+        assert e.value.status == 400 and len(str(e.value)) <= 2000
+    with pytest.raises(RequestError, match=r"tasks\[0\] is \d+ bytes of JSON; a task may have"):
+        await parse_submit(body(n), 20)
