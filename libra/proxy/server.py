@@ -94,6 +94,9 @@ class ProxyServer:
                 return 200, JSON, orjson.dumps(protocol.models(MODEL_NAME))
             if method != "POST":
                 raise ProxyError(405, "chat completions take POST", "method_not_allowed")
+            limit = session.sh.max_body
+            if limit is not None and len(body) > limit:
+                await session.refuse_oversize(len(body))
             try:
                 doc = orjson.loads(body)
             except orjson.JSONDecodeError as e:

@@ -135,6 +135,16 @@ class Session:
             self._end("error", f"{type(e).__name__}: {e}", 500, "internal_error", "api_error")
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def refuse_oversize(self, size: int) -> None:
+        """End the episode `truncated` for a request body of `size` bytes, which cannot
+        fit the context (`Shared.max_body`): refused unread, as parsing a body that big
+        would hold the event loop up. Raises the agent's answer."""
+        async with self._lock:
+            if self._ended_answer is not None:
+                raise self._ended_answer
+            self._end("truncated", f"the request ({size} bytes) cannot fit the context of "
+                      f"{self.sh.max_context} tokens", 400, "context_length_exceeded")  # fmt: skip
+
     def _canonical(self, raw: Any) -> list[dict[str, Any]]:
         n = len(self.raw)
         if n and isinstance(raw, list) and raw[:n] == self.raw:

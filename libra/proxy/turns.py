@@ -50,6 +50,15 @@ class Shared:
     object, and every request brings a freshly parsed copy."""
 
     @property
+    def max_body(self) -> int | None:
+        """Bytes of request body beyond which the conversation cannot fit the context:
+        every character is at most 6 bytes of JSON (`\\uXXXX`), one token stands for at
+        most `chars_per_token` of them; 1 MiB more for tool schemas and fields. None
+        when the tokenizer gives no bound."""
+        per_token = self.tok.chars_per_token
+        return None if per_token is None else self.max_context * per_token * 6 + (1 << 20)
+
+    @property
     def buckets(self) -> dict[str, Bucket]:
         return {b.name: b for b in self.pool.buckets}
 

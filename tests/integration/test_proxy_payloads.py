@@ -1,6 +1,6 @@
-"""Huge payloads through the agent proxy (issue 14, item 2): a 6 MB message cannot fit
-the context and is refused from its length alone; a big one that might fit is tokenized
-off the event loop; either way the episode ends `truncated` with the reason, the agent
+"""Huge payloads through the agent proxy (issue 14, item 2): a 6 MB request cannot fit
+the context and is refused from its size alone, unparsed; a big one that might fit is
+tokenized off the event loop; either way the episode ends `truncated` with the reason, the agent
 is told (HTTP 400, context_length_exceeded), and the other episodes go on."""
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ async def test_huge_messages_end_truncated_and_do_not_stall_others(
     (tmp_path / "agent.py").write_text(AGENT)
     bucket = [BucketConfig(name="tp1", endpoints=[fake_vllm.url])]
     cases = {"prompt-6mb": (6_000_000, "prompt"), "tool-6mb": (6_000_000, "tool"),
+             "prompt-500kb": (500_000, "prompt"), "tool-500kb": (500_000, "tool"),
              "prompt-100kb": (100_000, "prompt"), "tool-100kb": (100_000, "tool")}  # fmt: skip
     cpu = time.thread_time()  # CPU of the event loop's thread (not wall time)
     recs = {}
@@ -52,11 +53,14 @@ async def test_huge_messages_end_truncated_and_do_not_stall_others(
     loop_cpu = time.thread_time() - cpu
     for name, rec in recs.items():
         assert rec.status == "truncated", (name, rec.error)
-        assert "does not fit the context of 4096" in (rec.error or ""), rec.error
+        assert "fit the context of 4096" in (rec.error or ""), rec.error
         assert (rec.reward_info or {})["code"] == "context_length_exceeded"  # the agent knew
-    # The 6 MB ones were refused from their length ("at least"), unread by the tokenizer.
-    assert "(at least" in (recs["prompt-6mb"].error or "")
-    assert "(at least" in (recs["tool-6mb"].error or "")
+    # The 6 MB ones were refused from their size alone, unparsed and untokenized.
+    assert "bytes) cannot fit" in (recs["prompt-6mb"].error or "")
+    assert "bytes) cannot fit" in (recs["tool-6mb"].error or "")
+    # 500 KB: parsed, then refused from its length ("at least"), not tokenized.
+    assert "(at least" in (recs["prompt-500kb"].error or "")
+    assert "(at least" in (recs["tool-500kb"].error or "")
     assert recs["tool-6mb"].turns and recs["tool-6mb"].turns[0].tool_tokens == 0
     # Tokenizing 12 MB on the loop would cost it ~18 s of CPU; refused by length and
     # tokenized elsewhere, the loop spent a small part of that.
