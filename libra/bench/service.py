@@ -15,6 +15,9 @@ Backends: `instant` (default): two OpenAI-compatible servers that answer at once
 plane is all there is, the worst case for the service's overhead. `engine`: two
 embedded engines (`libra serve-engine`) on the tiny model, `arith` tasks: generation
 dominates, as it does in real use.
+
+`--stall`: instead, `/healthz` latency while hostile but legal work hits the service at
+once (`libra.bench.stall`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from libra.bench import stall
 from libra.client import AsyncClient
 from libra.cluster.process import free_port
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
@@ -50,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per turn (engine backend)")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (median)")
     p.add_argument("--model", help="model folder (default: a fresh tiny one)")
+    p.add_argument(
+        "--stall", action="store_true", help="/healthz latency under hostile loads instead"
+    )
+    stall.add_arguments(p.add_argument_group("--stall"))
 
 
 def _spawn(
@@ -170,6 +178,8 @@ def _summarise(runs: list[dict[str, Any]], base: list[dict[str, Any]] | None) ->
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.stall:
+        return stall.run(args)
     with tempfile.TemporaryDirectory(prefix="libra-bench-svc-") as d, ExitStack() as stack:
         tmp = Path(d)
         if args.model:
