@@ -36,12 +36,16 @@ T = TypeVar("T")
 
 
 class ServiceError(LibraError):
-    """The service refused a request (`status` 4xx/5xx; the message is its reason), or
-    could not be reached for `reconnect_s`."""
+    """The service refused a request (`status` 4xx/5xx; the message is its reason, with
+    each failing endpoint's own where the answer lists them), or could not be reached
+    for `reconnect_s`. `detail` is the answer's JSON body, when it had one."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(
+        self, message: str, status: int | None = None, detail: dict[str, Any] | None = None
+    ):
         super().__init__(message)
         self.status = status
+        self.detail = detail
 
     @property
     def retriable(self) -> bool:
@@ -235,10 +239,27 @@ class AsyncClient:
 
 def _service_error(status: int, raw: bytes, method: str, path: str) -> ServiceError:
     try:
-        reason = str(orjson.loads(raw)["error"])
+        doc = orjson.loads(raw)
+        reason = str(doc["error"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        reason = raw[:300].decode(errors="replace") or "no reason given"
-    return ServiceError(f"{method} {path}: HTTP {status}: {reason}", status)
+        doc, reason = None, raw[:300].decode(errors="replace") or "no reason given"
+    detail = doc if isinstance(doc, dict) else None
+    return ServiceError(f"{method} {path}: HTTP {status}: {reason}{_per_endpoint(detail)}",
+                        status, detail)  # fmt: skip
+
+
+def _per_endpoint(doc: dict[str, Any] | None) -> str:
+    """`POST /v1/weights` answers a summary ("1 of 2 endpoints did not load it") and each
+    endpoint's result: the reasons are what the caller needs to act (a missing
+    config.json, an endpoint that is down), one per distinct reason with its endpoints."""
+    results = (doc or {}).get("endpoints")
+    if not isinstance(results, dict):
+        return ""
+    urls_by_reason: dict[str, list[str]] = {}
+    for url, r in results.items():
+        if isinstance(r, dict) and r.get("status") != "ok" and r.get("error"):
+            urls_by_reason.setdefault(str(r["error"]), []).append(str(url))
+    return "".join(f"; {', '.join(urls)}: {why}" for why, urls in urls_by_reason.items())
 
 
 def _why(e: BaseException) -> str:
