@@ -13,6 +13,7 @@ from libra.cli.common import (
     fleet_overrides,
     print_json,
 )
+from libra.errors import ConfigError
 
 EPILOG = """\
 examples:
@@ -24,8 +25,9 @@ examples:
       --bucket tp1=1:2048 --bucket tp2=2:4096
 
 Without endpoints (and without [[buckets]] in the config) one embedded engine is started
-for bucket tp1 and stopped at the end. Records are appended to --out as each episode
-finishes; a summary goes to stdout (--json: one JSON document).
+for bucket tp1 and stopped at the end. Records are appended to --out (default
+runs/rollout.jsonl) as each episode finishes; a summary goes to stdout (--json: one JSON
+document).
 """
 
 
@@ -44,10 +46,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         "function file.py:run (async def run(task, client: openai.AsyncOpenAI))",
     )
     p.add_argument("--tasks", help="tasks file (.jsonl, .json, .parquet); default: the env's")
-    p.add_argument("--num-tasks", type=int, help="use only the first N tasks")
+    p.add_argument("--num-tasks", type=int, metavar="N", help="use only the first N tasks (N >= 1)")
     p.add_argument("--group-size", type=int, help="samples per task (GRPO G)")
     p.add_argument("--concurrency", type=int, help="episodes in flight")
-    p.add_argument("--out", help="JSONL file the records are appended to")
+    p.add_argument(
+        "--out", help="JSONL file the records are appended to (default runs/rollout.jsonl)"
+    )
     p.add_argument("--batch-id", help="batch id stamped on records")
     add_fleet_flags(p)
     p.add_argument("--seed", type=int, help="sampling seed (per episode: seed + index)")
@@ -62,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     from libra.rollout.run import rollout, run_sync
 
     logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
+    if args.num_tasks is not None and args.num_tasks < 1:
+        raise ConfigError(
+            f"--num-tasks {args.num_tasks}: give the number of tasks to run (1 or more), "
+            "or leave it out to run every task"
+        )
     overrides = {
         "env": args.env,
         "tasks": args.tasks,

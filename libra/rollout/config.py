@@ -47,8 +47,8 @@ class RolloutConfig(Config):
     """Keyword arguments for the env's constructor (or the agent function)."""
     tasks: str | None = None
     """Tasks file (.jsonl or .parquet). Default: the env's shipped task file."""
-    num_tasks: int = Field(0, ge=0)
-    """Use only the first N tasks (0 = all)."""
+    num_tasks: int | None = Field(None, ge=1)
+    """Use only the first N tasks (unset: all of them)."""
     group_size: int = Field(1, ge=1)
     """Samples per task (GRPO group size G)."""
     concurrency: int = Field(64, ge=1)

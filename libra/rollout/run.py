@@ -92,7 +92,7 @@ async def rollout(
         tasks_path = config.tasks or env.default_tasks()
         if tasks_path is None:
             raise ConfigError(f"env {config.env!r} ships no tasks; pass --tasks FILE")
-        tasks = load_tasks(tasks_path, config.num_tasks)
+        tasks = load_tasks(tasks_path, config.num_tasks or 0)
     batch_id = config.batch_id or uuid.uuid4().hex[:12]
     specs = list(episode_specs(tasks, config.group_size, batch_id, config.step))
     policy = make_policy(config.policy, serving.buckets, config.routing)
