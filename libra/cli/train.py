@@ -20,6 +20,10 @@ examples:
 The run folder (`out`) gets metrics.jsonl, decisions.jsonl, events.jsonl, plots/*.png,
 checkpoint/ (serve it: libra serve-engine --model OUT/checkpoint) and summary.json.
 An existing run there is resumed from its last checkpoint; --fresh starts over.
+
+exit status: 0 trained to `steps`; 3 nothing ran: the run in `out` was already at
+`steps` (--fresh starts over, --steps N or --set steps=N trains further); 130
+interrupted (the same command resumes); 2 bad input; 1 failed.
 """
 
 
@@ -87,11 +91,26 @@ def run(args: argparse.Namespace) -> int:
     from libra.train.run import run_cli
 
     summary, code = run_cli(cfg, fresh=args.fresh)
+    if summary["outcome"] == "already-done":
+        # nothing ran: say so first (on stderr beside --json), then the last run's summary
+        print(_nothing_ran(summary, args.config), file=sys.stderr if args.json else sys.stdout)
+        if not args.json:
+            summary = summary | {"outcome": f"last run {summary['last_outcome']}"}
     if args.json:
         print_json(summary)
     else:
         print(_render(summary))
     return code
+
+
+def _nothing_ran(s: dict[str, Any], config: str) -> str:
+    n = s["trained_steps"]
+    return "\n".join([
+        f"nothing ran: {s['out']} holds a run already trained to step {n} "
+        f"(steps = {s['requested_steps']}); exit status 3",
+        f"  start over:    libra train {config} --fresh   (deletes {s['out']})",
+        f"  train further: libra train {config} --steps N   (or --set steps=N), N > {n}",
+    ])  # fmt: skip
 
 
 def _settings(pairs: list[str]) -> list[tuple[str, Any]]:

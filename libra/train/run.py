@@ -21,6 +21,7 @@ import json
 import resource
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from libra.train.build import Run, build_run
@@ -59,13 +60,7 @@ async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
     engines = launcher(cfg)  # a vllm fleet is checked before anything is written
     out, state = prepare_out(cfg, fresh=fresh)
     if state is not None and int(state["version"]) >= cfg.steps:
-        # already trained to `steps` (e.g. `make run` again): report it, start nothing
-        saved = out / "summary.json"
-        if saved.is_file():
-            done: dict[str, Any] = json.loads(saved.read_text())
-            return done
-        plots = write_plots(out) if cfg.report.plots else []
-        return summarize(cfg, out, "done", 0.0, 0.0, plots)
+        return _already_done(cfg, out, int(state["version"]))
     report = Report(out, tensorboard=cfg.report.tensorboard)
     display = Display(cfg.report.display)
     view = View(env=cfg.data.env, steps=cfg.steps)
@@ -107,6 +102,19 @@ async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
     return summary
 
 
+def _already_done(cfg: TrainConfig, out: Path, version: int) -> dict[str, Any]:
+    """The run in `out` is at `steps` already (e.g. `make run` again): start nothing, and
+    say so. Outcome `already-done`; the last run's summary rides along (`last_outcome`,
+    its figures), so that nobody takes it for a new run."""
+    saved = out / "summary.json"
+    if saved.is_file():
+        last: dict[str, Any] = json.loads(saved.read_text())
+    else:  # stopped between its last checkpoint and its summary
+        last = summarize(cfg, out, "done", 0.0, 0.0, write_plots(out) if cfg.report.plots else [])
+    return {**last, "outcome": "already-done", "last_outcome": last["outcome"],
+            "trained_steps": version, "requested_steps": cfg.steps}  # fmt: skip
+
+
 def _cpu() -> float:
     """CPU seconds of this process and every child it has waited for (engines, trainer)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
@@ -114,13 +122,18 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+EXIT_CODES = {"done": 0, "already-done": 3, "interrupted": 130, "cancelled": 130}
+"""`libra train`'s exit status by outcome; any other is 1, bad input 2. `already-done`
+(3): nothing ran, the run in `out` had reached `steps` (a script can tell it from a
+finished training, 0)."""
+
+
 def run_cli(cfg: TrainConfig, *, fresh: bool) -> tuple[dict[str, Any], int]:
     """The CLI's entry: (summary, exit code)."""
     from libra.rollout.run import run_sync
 
     summary = run_sync(train(cfg, fresh=fresh))
-    code = {"done": 0, "interrupted": 130, "cancelled": 130}.get(summary["outcome"], 1)
-    return summary, code
+    return summary, EXIT_CODES.get(summary["outcome"], 1)
 
 
-__all__ = ["run_cli", "train"]
+__all__ = ["EXIT_CODES", "run_cli", "train"]

@@ -198,6 +198,12 @@ def test_train_interrupt_resume_and_report(tmp_path: Path) -> None:
     for name in ("reward", "throughput", "roles"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
 
+    # 3. the same command once more: the run is finished, nothing runs, exit 3
+    again = subprocess.run(libra_train(config), capture_output=True, text=True, env=env,
+                           timeout=120)  # fmt: skip
+    assert again.returncode == 3, again.stdout + again.stderr
+    assert again.stdout.startswith(f"nothing ran: {out} holds a run already trained to step 16")
+
 
 def test_bad_config_fails_at_load_with_the_field_path(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
