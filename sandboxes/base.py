@@ -55,7 +55,12 @@ class SandboxSpec:
     """Time to live: a sandbox older than this is removed by the reaper even if its
     owner died without closing it."""
     disk_mb: int = 1024
-    """bubblewrap as root: size of the tmpfs holding the sandbox's writable layer."""
+    """Most the sandbox can write, all its files together: Docker caps its layer with an
+    engine quota where the storage supports it, else mounts its writable folders
+    (workdir, /tmp, /var/tmp, /root) from one tmpfs of this size over a read-only root
+    (`libra.sandboxes.dockerdisk`); bubblewrap as root: the size of the tmpfs holding
+    its writable layer. A tmpfs is memory: what is kept written counts against
+    `memory_mb` too."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables of every command (on top of a minimal PATH/HOME/LANG)."""
 

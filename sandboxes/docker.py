@@ -5,12 +5,15 @@ loop, never asyncio's small default pool); creates and execs have separate concu
 limits. Nothing is ever pulled: a recipe image is built with `docker import`
 (`libra.sandboxes.images`), any other image must already be in the engine.
 
-Every container carries the label `libra.sandbox` plus its owner and expiry
-(`libra.sandboxes.owner`); the backend reaps by label on start and on a timer, so a
-crashed run leaves nothing behind for long. A container runs `docker-init` with a
+Every container carries the label `libra.sandbox` plus its owner, its backend and
+expiry (`libra.sandboxes.owner`); the backend reaps by label on start and on a timer,
+and a watchdog process removes a backend's containers as soon as its owner exits,
+SIGKILL included (`libra.sandboxes.watchdog`). A container runs `docker-init` with a
 `sleep` keeper as PID 1, no network (`network_mode=none`), memory = memory+swap limit,
-a pids limit, a CPU quota, all capabilities dropped but a few file / process ones, and
-`no-new-privileges`.
+a pids limit, a CPU quota, all capabilities dropped but a few file / process ones,
+`no-new-privileges`, and a cap on what it can write (`disk_mb`, see
+`libra.sandboxes.dockerdisk`: an engine quota, else a read-only root filesystem with
+one size-capped tmpfs for its writable folders).
 
 An exec that times out or floods its output kills the whole container and starts it
 again: the kernel then kills every process inside (a fork bomb, a `setsid` daemon),
@@ -31,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from libra.sandboxes import images, owner
+from libra.sandboxes import dockerdisk, images, owner, watchdog
 from libra.sandboxes.base import LABEL, Backend, RawExec, SandboxSpec
 from libra.sandboxes.dockerexec import OOM_PROBE, exec_stream
 from libra.sandboxes.fileops import ExecFileOps
@@ -201,7 +204,19 @@ class DockerBackend(Backend):
         pool_size: int = 0,
         pool_spec: SandboxSpec | None = None,
         reap_interval_s: float = 30.0,
+        disk: str = "auto",
     ):
+        if disk not in dockerdisk.MODES:
+            raise SandboxError(f"docker backend: disk={disk!r}; use {', '.join(dockerdisk.MODES)}")
+        self.disk = disk
+        """What caps the sandboxes' writes: `auto`, `quota`, `tmpfs` or `none`
+        (`libra.sandboxes.dockerdisk`); `disk_mode` is what `start` chose."""
+        self.disk_mode = "none"
+        self.id = f"lb-{secrets.token_hex(6)}"
+        """Carried by this backend's containers (label `libra.backend`)."""
+        self.state_dir = dockerdisk.state_root() / self.id
+        self._watchdog: Any = None
+        self._closed = False
         self.base_url = base_url or docker_host()
         self.create_slots = asyncio.Semaphore(max_concurrent_creates)
         self.exec_slots = asyncio.Semaphore(max_concurrent_execs)
@@ -229,7 +244,8 @@ class DockerBackend(Backend):
         return await loop.run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
 
     def info(self) -> dict[str, object]:
-        return {"backend": self.name, "engine": self.base_url, "pool_size": self.pool_size}
+        return {"backend": self.name, "engine": self.base_url, "pool_size": self.pool_size,
+                "disk": self.disk_mode}  # fmt: skip
 
     async def start(self) -> None:
         if self._client is not None:
@@ -246,7 +262,17 @@ class DockerBackend(Backend):
             raise SandboxError(
                 f"docker backend: engine at {self.base_url} does not answer: {e}"
             ) from e
+        try:
+            info = await self.call(self._client.info)
+            self.disk_mode = dockerdisk.choose(self.disk, info, self.base_url)
+        except ValueError as e:
+            await self.call(self._client.close)
+            self._client = None
+            raise SandboxError(f"docker backend: {e}") from None
+        await self.call(dockerdisk.claim, self.state_dir)
+        self._watchdog = watchdog.spawn(self.base_url, self.id, self.state_dir)
         await self.call(self.reap)
+        await self.call(dockerdisk.reap_stale, dockerdisk.state_root())
         self._runner = asyncio.create_task(self._background(), name="libra-docker-backend")
 
     async def _background(self) -> None:
@@ -288,10 +314,17 @@ class DockerBackend(Backend):
         return reaped
 
     def remove(self, cid: str) -> None:
+        """Remove a container and release its writable storage (blocking)."""
         import docker.errors
 
+        folder = None
+        with contextlib.suppress(docker.errors.NotFound):
+            labels = self.api.inspect_container(cid)["Config"]["Labels"] or {}
+            folder = labels.get(dockerdisk.STATE_LABEL)
         with contextlib.suppress(docker.errors.NotFound):
             self.api.remove_container(cid, force=True)
+        if folder:
+            dockerdisk.release(Path(folder))
 
     def _image(self, spec: SandboxSpec) -> str:
         import docker.errors
@@ -307,41 +340,64 @@ class DockerBackend(Backend):
             ) from None
         return spec.image
 
+    def _create(
+        self, image: str, name: str, spec: SandboxSpec, labels: dict[str, str], folder: Any
+    ) -> str:
+        """Create and start one container (blocking)."""
+        host = self.api.create_host_config(
+            network_mode="bridge" if spec.network else "none",
+            mem_limit=f"{spec.memory_mb}m",
+            memswap_limit=f"{spec.memory_mb}m",
+            pids_limit=spec.pids,
+            nano_cpus=int(spec.cpus * 1e9),
+            init=True,
+            cap_drop=["ALL"],
+            cap_add=CAPS,
+            security_opt=["no-new-privileges"],
+            **dockerdisk.host_config(self.disk_mode, spec, folder),
+        )
+        c = self.api.create_container(
+            image,
+            command=KEEPER,
+            labels=labels,
+            working_dir=spec.workdir,
+            environment=dict(spec.env),
+            host_config=host,
+            name=name,
+        )
+        try:
+            self.api.start(c["Id"])
+        except Exception:
+            self.remove(c["Id"])
+            raise
+        return str(c["Id"])
+
     async def _new_container(self, spec: SandboxSpec) -> str:
         def make() -> str:
             image = self._image(spec)
+            name = f"libra-{secrets.token_hex(6)}"
             labels = {
                 LABEL: "1",
                 "libra.expires": f"{time.time() + spec.ttl_s:.0f}",
                 "libra.image": spec.image,
+                watchdog.BACKEND_LABEL: self.id,
                 **owner.current().labels(),
             }
-            host = self.api.create_host_config(
-                network_mode="bridge" if spec.network else "none",
-                mem_limit=f"{spec.memory_mb}m",
-                memswap_limit=f"{spec.memory_mb}m",
-                pids_limit=spec.pids,
-                nano_cpus=int(spec.cpus * 1e9),
-                init=True,
-                cap_drop=["ALL"],
-                cap_add=CAPS,
-                security_opt=["no-new-privileges"],
-            )
-            c = self.api.create_container(
-                image,
-                command=KEEPER,
-                labels=labels,
-                working_dir=spec.workdir,
-                environment=dict(spec.env),
-                host_config=host,
-                name=f"libra-{secrets.token_hex(6)}",
-            )
+            folder = None
+            if self.disk_mode == "tmpfs":
+                folder = self.state_dir / name
+                labels[dockerdisk.STATE_LABEL] = str(folder)
+                dockerdisk.prepare(folder, spec)
             try:
-                self.api.start(c["Id"])
-            except Exception:
-                self.remove(c["Id"])
+                return self._create(image, name, spec, labels, folder)
+            except Exception as e:
+                if folder is not None:
+                    dockerdisk.release(folder)
+                if self.disk_mode == "quota" and "storage-opt" in str(e) and self.disk == "auto":
+                    # xfs without project quotas: the engine refuses the size option.
+                    self.disk_mode = dockerdisk.choose("auto", {}, self.base_url)
+                    return make()
                 raise
-            return str(c["Id"])
 
         async with self.create_slots:
             made = asyncio.get_running_loop().run_in_executor(self._threads, make)
@@ -375,6 +431,9 @@ class DockerBackend(Backend):
         return sb
 
     async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -387,6 +446,9 @@ class DockerBackend(Backend):
         if self._client is not None:
             await self.call(self._client.close)
             self._client = None
+        await self.call(watchdog.stop, self._watchdog)  # it sweeps what is left, then exits
+        self._watchdog = None
+        await self.call(dockerdisk.release_all, self.state_dir)
         self._threads.shutdown(wait=False, cancel_futures=True)
 
 

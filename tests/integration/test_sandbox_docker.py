@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,83 @@ def test_auto_picks_docker_when_it_answers_else_bubblewrap(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     if BwrapBackend.available() is None:
         assert isinstance(auto(), BwrapBackend)
+
+
+async def test_writes_are_capped_and_the_root_is_read_only(docker: DockerBackend) -> None:
+    """`disk_mb` caps everything a sandbox writes, together; nothing lands on the host's
+    disk; the files survive the restart after a timeout (issue 14, item 4)."""
+    spec = SandboxSpec(image="busybox", memory_mb=256, disk_mb=32)
+    assert docker.info().get("disk") in ("tmpfs", "quota")  # what this machine (CI) has
+    async with await docker.create(spec) as sb:
+        r = await sb.exec("head -c 64000000 /dev/zero > big; echo rc=$?; du -m big")
+        assert "rc=1" in r.stdout and int(r.stdout.split()[-2]) <= 32, r.stdout
+        await sb.exec("rm big && head -c 20000000 /dev/zero > /work/a")
+        r = await sb.exec("head -c 20000000 /dev/zero > /tmp/b; echo rc=$?")
+        assert "rc=1" in r.stdout  # /tmp shares the cap with the workdir
+        if docker.info().get("disk") == "tmpfs":
+            r = await sb.exec("echo x > /etc/x; echo rc=$?")
+            assert "rc=1" in r.stdout and "Read-only file system" in r.stderr
+        (found,) = docker.api.containers(all=True, size=True, filters={"id": sb.id})
+        size = found.get("SizeRw") or 0
+        assert size < 1_000_000  # the container's layer on the host's disk stayed empty
+        assert (await sb.exec("sleep 60", timeout=1)).timed_out  # kill + restart
+        assert (await sb.exec("ls -s /work/a")).stdout.split()[0] == "19532"
+
+
+OWNER = """
+import asyncio, sys
+from libra.sandboxes.base import SandboxSpec
+from libra.sandboxes.docker import DockerBackend
+
+async def main():
+    backend = DockerBackend()
+    await backend.start()
+    sb = await backend.create(SandboxSpec(image="busybox", memory_mb=64))
+    await sb.exec("setsid sh -c 'while :; do :; done' >/dev/null 2>&1 &")  # a CPU spinner
+    print(sb.id, getattr(backend, "state_dir", "-"), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_containers_die_with_a_killed_owner(tmp_path: Path) -> None:
+    """SIGKILL the process that made a sandbox: its container (a CPU spinner inside) is
+    removed and its storage released, with no other backend around to reap it (issue 14,
+    item 4)."""
+    need(engine_answers() is None, "no Docker engine")
+    import docker as sdk
+
+    client = sdk.from_env()  # a plain client: no backend, so no reaper, runs here
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    try:
+        cid, state = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode().split()
+        assert client.api.inspect_container(cid)["State"]["Running"]
+        proc.kill()
+        await proc.wait()
+
+        def there() -> bool:
+            return bool(client.api.containers(all=True, filters={"id": cid}))
+
+        for _ in range(600):  # it goes within a second or two; 60 s before calling it a leak
+            if not there():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            client.api.remove_container(cid, force=True)
+            pytest.fail("the container of a killed owner was still there after 60 s")
+        for _ in range(100):
+            if state not in Path("/proc/mounts").read_text() and not Path(state).exists():
+                break
+            await asyncio.sleep(0.1)
+        assert state not in Path("/proc/mounts").read_text() and not Path(state).exists()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        client.close()
