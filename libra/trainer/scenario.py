@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -203,12 +204,18 @@ def _hybrid(plan: MemberPlan, w, store, record) -> None:
 
 
 def run_scenario(
-    plans: list[MemberPlan], *, timeout: float = 240, kill: tuple | None = None
+    plans: list[MemberPlan],
+    *,
+    timeout: float = 240,
+    kill: tuple | None = None,
+    after_kill: Callable[[], None] | None = None,
 ) -> dict[str, list[dict]]:
     """Spawn one process per plan, wait for all; returns each log's rows by `id-rank`.
 
     `kill=(key, predicate, signal)`: once `predicate(rows)` holds for the log `key`,
-    send `signal` to that process (the test's crash / hang of a hybrid).
+    send `signal` to that process (the test's crash / hang of a hybrid), then call
+    `after_kill()` (e.g. to set the core's `stop_at`: a core that stops at a fixed
+    update may finish before the signal lands, and then no drop is seen).
     """
     ctx = mp.get_context("spawn")
     procs = {f"{p.id}-{p.rank}": ctx.Process(target=main, args=(p,), daemon=True) for p in plans}
@@ -226,6 +233,8 @@ def run_scenario(
                 if pred(read_log(logs[key])):
                     os.kill(procs[key].pid or 0, sig)
                     killed = key
+                    if after_kill is not None:
+                        after_kill()
             time.sleep(0.05)
     finally:
         for p in procs.values():
