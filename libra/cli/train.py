@@ -14,7 +14,7 @@ examples:
   libra train examples/cpu-train.toml                     # the CPU default, end to end
   libra train examples/cpu-train.toml --seed 1 --out runs/seed1
   libra train examples/cpu-train.toml                     # again after Ctrl-C: resumes
-  libra train examples/search-r1-gpu48.toml --dry-run     # validate + show the plan
+  libra train examples/search-r1-gpu48.toml --dry-run     # validate, show the layout
   libra train examples/cpu-train.toml --set planner.adapt=false   # any key, as TOML
 
 The run folder (`out`) gets metrics.jsonl, decisions.jsonl, events.jsonl, plots/*.png,
@@ -58,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the config and print the fleet and the planner's first plan; start nothing",
+        help="validate the config, print the layout a run starts with (and, for a GPU fleet, "
+        "the global planner's split as advice); start nothing",
     )
     add_json_flag(p)
     return p

