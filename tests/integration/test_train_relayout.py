@@ -100,7 +100,7 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
             shape = FleetShape(3, 1, 0, buckets=tuple(TP.items()), layout=(1, 2))
             state = LoopState(costs=SwitchCosts(10.0, 10.0))
             reconfig = Reconfigurer(
-                replanner=SimpleNamespace(shape=shape),  # type: ignore[arg-type]
+                replanner=SimpleNamespace(shape=shape, current=None),  # type: ignore[arg-type]
                 fleet=fleet, trainer=None,  # type: ignore[arg-type]
                 state=state, report=SimpleNamespace(event=note),  # type: ignore[arg-type]
                 view=SimpleNamespace(switches=0),  # type: ignore[arg-type]
