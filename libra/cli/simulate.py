@@ -148,6 +148,11 @@ def render(result: dict[str, Any]) -> str:
             f"            {u['rollout']:>7.1%} {u['training']:>6.1%} {u['reconfiguration']:>6.1%}"
             f" {u['idle']:>6.1%}   {moves:>8.2f} {r['routing']['migrated_token_ratio']:>8.1%}"
         )
+    if ref:
+        lines.append(
+            "  libra / : Libra's throughput divided by the row's (above 1.00x: Libra finished "
+            "faster); GPU use: share of GPU-time per activity"
+        )
     t = result["timing"]
     lines.append(
         f"  simulated in {t['cpu_s']:.1f} s CPU, {t['wall_s']:.1f} s wall ({t['jobs']} jobs)"

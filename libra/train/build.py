@@ -109,7 +109,6 @@ class Run:
         has none. Returns `done` or `interrupted`. An engine that dies fails the run at
         once (`EndpointDown`)."""
         self.view.phase, self.view.step = "training", self.trainer.version
-        self.view.phase_started = time.monotonic()
         self.view.switches = self.loop.state.switches
         try:
             async with asyncio.TaskGroup() as tg:

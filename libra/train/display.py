@@ -27,7 +27,11 @@ class View:
     step: int = 0
     steps: int = 0
     started: float = field(default_factory=time.monotonic)
-    phase_started: float = field(default_factory=time.monotonic)
+    eta_from: tuple[float, int] | None = None
+    """(time, step) of the first step this process finished: the ETA is timed from it.
+    That first step also filled the pipeline (its batch was rolled out with no training
+    beside it) and a resumed run starts mid-way, so timing from the phase's start made
+    the ETA jump at step 1."""
     reward: float | None = None
     reward_first: float | None = None
     val_reward: float | None = None
@@ -48,6 +52,11 @@ class View:
     last_decision: str = ""
     note: str = ""
     """A one-off line (warm-start progress, stopping...)."""
+
+    def stepped(self, step: int, now: float | None = None) -> None:
+        self.step = step
+        if self.eta_from is None:
+            self.eta_from = (time.monotonic() if now is None else now, step)
 
 
 def _dur(s: float) -> str:
@@ -73,8 +82,10 @@ def render(v: View, now: float | None = None) -> list[str]:
         if v.note:
             lines.append("  " + v.note)
         return lines
-    rate = (now - v.phase_started) / v.step if v.step else None
-    eta = f" · eta {_dur(rate * (v.steps - v.step))}" if rate else ""
+    eta = ""
+    if v.eta_from is not None and v.step > v.eta_from[1]:  # from the second step on
+        t0, s0 = v.eta_from
+        eta = f" · eta {_dur((now - t0) / (v.step - s0) * (v.steps - v.step))}"
     roles = " · ".join(f"{r}: {' '.join(ids) or '-'}" for r, ids in v.workers.items())
     val = f"val {_f(v.val_reward)} @ v{v.val_version}" if v.val_version is not None else "val -"
     lines = [

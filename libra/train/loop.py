@@ -147,7 +147,8 @@ class Loop:
 
     def _update_view(self, row: dict[str, Any]) -> None:
         v = self.view
-        v.step, v.reward = row["step"], row["reward"]
+        v.stepped(row["step"])
+        v.reward = row["reward"]
         if self.state.first_reward is None:
             self.state.first_reward = row["reward"]
         v.reward_first = self.state.first_reward

@@ -155,7 +155,8 @@ def write_plots(out: Path) -> list[Path]:
     roll = [r["roles"].get("rollout", 0) for r in rows]
     train = [r["roles"].get("train", 0) for r in rows]
     ax.stackplot(steps, roll, train, labels=["rollout", "training"], step="post", alpha=0.8)
-    ax.set(xlabel="step", ylabel="devices", title="Worker roles over time")
+    ax.set(xlabel="step", ylabel="workers (engines, trainer replicas)",
+           title="Worker roles over time")  # fmt: skip
     ax.legend(loc="upper left")
     written.append(_save(fig, folder / "roles.png", plt))
     return written

@@ -110,6 +110,11 @@ async def warm_start(
     )
     report.event("demonstrations", count=len(demos), of=len(picked))
     view.phase = "warm start (supervised, on demonstrations)"
+    display.line(
+        "warm start: P(demo) is the chance the model generates a whole held-out "
+        "demonstration at temperature 1, the product of every token's probability: it "
+        "stays near 0.00 while the loss falls and rises only once most tokens are near-certain"
+    )
     loop = asyncio.get_running_loop()
 
     def progress(p: SFTProgress) -> None:

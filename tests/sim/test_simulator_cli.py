@@ -63,3 +63,4 @@ def test_json_table_and_plots(tmp_path, capsys):
     assert main(["simulate", *SMALL, "--systems", "ladder"]) == 0
     table = capsys.readouterr().out
     assert "libra /" in table and "libra-hetero-tp" in table and "simulated in" in table
+    assert "libra / : Libra's throughput divided by the row's" in table
