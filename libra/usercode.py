@@ -24,6 +24,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,32 @@ class LimitExceeded(TimeoutError):
 def pool() -> ThreadPoolExecutor:
     """The user-code thread pool (made on first use, shared by every event loop)."""
     return ThreadPoolExecutor(THREADS, thread_name_prefix="libra-user")
+
+
+@functools.cache
+def prestart() -> None:
+    """Start all `THREADS` threads of the pool now, once per process (blocking: call it
+    off the loop when a runner starts, `libra.rollout.run.episode_runner`)."""
+    start_threads(pool(), THREADS)
+
+
+def start_threads(executor: ThreadPoolExecutor, n: int, timeout_s: float = 30.0) -> None:
+    """Make `executor` start `n` worker threads now (blocking). A ThreadPoolExecutor starts
+    a thread inside `submit`, and `Thread.start` waits until the new thread has run: with
+    busy threads holding the GIL (a tokenizer rendering a 10 MB tool return) one start
+    held the event loop for up to 100 ms, the user-code pool's first 32 calls 0.7 s in
+    all. `n` jobs that wait for each other need `n` threads at once. Gives up quietly
+    after `timeout_s` (threads busy with other work)."""
+    barrier = threading.Barrier(n)
+
+    def meet() -> None:
+        try:
+            barrier.wait(timeout_s)
+        except threading.BrokenBarrierError:
+            pass
+
+    for job in [executor.submit(meet) for _ in range(n)]:
+        job.result()
 
 
 def is_async(fn: Any) -> bool:
@@ -135,4 +162,14 @@ def _consume(fut: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
         fut.exception()
 
 
-__all__ = ["GRACE_S", "THREADS", "LimitExceeded", "call", "is_async", "overruns", "pool"]
+__all__ = [
+    "GRACE_S",
+    "THREADS",
+    "LimitExceeded",
+    "call",
+    "is_async",
+    "overruns",
+    "pool",
+    "prestart",
+    "start_threads",
+]

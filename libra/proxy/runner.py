@@ -98,8 +98,10 @@ class AgentRunner:
         self._transport: Any = None
 
     async def __aenter__(self) -> AgentRunner:
-        import openai  # noqa: F401 - fail here, not in every episode, when it is missing
-
+        # In a thread: importing the SDK, and what its client imports on first use, takes
+        # ~0.5 s of CPU, which on the loop would stall every episode once. Fails here,
+        # not in every episode, when it is missing.
+        await asyncio.to_thread(_warm_openai)
         await self.server.__aenter__()
         self._transport = in_process_transport(_httpx(), self.server)
         return self
@@ -203,6 +205,15 @@ class AgentRunner:
     def _stamp(self, record: Trajectory, t0: float, admitted_after_s: float) -> None:
         record.timings.queued_s += admitted_after_s
         record.timings.total_s = self.clock() - t0
+
+
+def _warm_openai() -> None:
+    """Import the `openai` SDK and the modules its chat client loads lazily."""
+    import openai
+
+    client = openai.AsyncOpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1",
+                                http_client=_httpx().AsyncClient(trust_env=False))  # fmt: skip
+    _ = client.chat.completions.create
 
 
 def _as_reward(out: Any) -> tuple[float, dict[str, Any] | None, Any]:

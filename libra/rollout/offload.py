@@ -6,8 +6,9 @@ stream and `/healthz` for that long. Work on texts up to `INLINE_CHARS` characte
 inline (a thread hop would cost more than it saves); bigger work runs on one of
 `THREADS` worker threads, each with its own `ChatTokenizer.clone()` (a fast tokenizer
 shared across threads can fail with "Already borrowed", and the template's plan cache
-is not locked). The tokenizers library releases the GIL while it encodes, so the loop
-keeps running meanwhile.
+is not locked). `ChatTokenizer.encode` releases the GIL on long texts (`Tokenizer.encode`
+does not), so the loop keeps running meanwhile; the template's rendering still holds it
+(~20 ms for 10 MB).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import orjson
 
 from libra.chat import ChatTokenizer
+from libra.usercode import start_threads
 
 T = TypeVar("T")
 INLINE_CHARS = 8192
@@ -39,6 +41,8 @@ class Offload:
         self.threads = threads
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="libra-tokenize")
+        self._warm_lock = threading.Lock()
+        self._warmed = False
 
     def _own(self) -> ChatTokenizer:
         """This worker thread's own tokenizer (made on its first job)."""
@@ -59,11 +63,16 @@ class Offload:
         return await loop.run_in_executor(self._pool, self._job, fn)
 
     def warm(self) -> None:
-        """Give every worker thread its tokenizer now (blocking; at start-up, so that
-        the first big text does not pay for it)."""
-        jobs = [self._pool.submit(self._job, lambda t: t) for _ in range(self.threads)]
-        for job in jobs:
-            job.result()
+        """Start the worker threads and give each its tokenizer now, once (blocking: off
+        the loop, when a runner starts), so that the first big text pays for neither
+        (`libra.usercode.start_threads` says why a start on the loop costs)."""
+        with self._warm_lock:
+            if not self._warmed:
+                start_threads(self._pool, self.threads)
+                jobs = [self._pool.submit(self._job, lambda t: t) for _ in range(self.threads)]
+                for job in jobs:
+                    job.result()
+                self._warmed = True
 
 
 def offload(tok: ChatTokenizer) -> Offload:

@@ -11,7 +11,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from libra import registry
+from libra import registry, usercode
+from libra.chat import ChatTokenizer
 from libra.env import Env
 from libra.errors import ConfigError
 from libra.proxy.agent import AgentEnv, as_agent
@@ -19,6 +20,7 @@ from libra.record import Trajectory
 from libra.rollout.batch import Runner, run_episodes
 from libra.rollout.config import RolloutConfig
 from libra.rollout.episode import EpisodeRunner
+from libra.rollout.offload import offload
 from libra.rollout.serving import open_pool, resolve_model, resolve_serving
 from libra.rollout.sink import JsonlSink, Progress, Stats
 from libra.rollout.tasks import episode_specs, load_tasks
@@ -49,7 +51,9 @@ def load_env(spec: str, options: dict[str, Any]) -> Env:
 async def episode_runner(env: Env, **kwargs: Any) -> AsyncIterator[Runner]:
     """The runner for `env` (every job builds its runner here): an `EpisodeRunner` for a
     libra.Env; for an agent function an `AgentRunner`, whose OpenAI-compatible proxy
-    serves the episodes while the block runs. `kwargs` are EpisodeRunner's, less `env`."""
+    serves the episodes while the block runs. `kwargs` are EpisodeRunner's, less `env`.
+    The threads its episodes will use are started here, off the loop."""
+    await asyncio.to_thread(_start_threads, kwargs["tokenizer"])
     if isinstance(env, AgentEnv):
         from libra.proxy.runner import AgentRunner
 
@@ -57,6 +61,11 @@ async def episode_runner(env: Env, **kwargs: Any) -> AsyncIterator[Runner]:
             yield runner
     else:
         yield EpisodeRunner(env=env, **kwargs)
+
+
+def _start_threads(tokenizer: ChatTokenizer) -> None:
+    usercode.prestart()
+    offload(tokenizer).warm()
 
 
 def make_policy(name: str, buckets: Sequence[Bucket], options: dict[str, Any]) -> RoutingPolicy:

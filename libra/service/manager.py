@@ -330,12 +330,14 @@ class BatchManager:
                     self.fair.release(batch.id)
                     self._slots.release()
                     self._finish(batch, record)
+                    await asyncio.sleep(0)  # a free slot does not yield: never spin here
                     continue
-            if batch.state != "running":  # cancelled while its runner started
+            if batch.state != "running":  # cancelled meanwhile; `cancel` drops the rest
                 self.fair.release(batch.id)
                 self._slots.release()
                 if spec.id not in batch.spool.ids:
                     self._finish(batch, batch.aborted(spec, "cancelled before it started"))
+                await asyncio.sleep(0)
                 continue
             task = tg.create_task(self._episode(batch, spec, waited), name=f"episode:{spec.id}")
             batch.tasks[spec.id] = task

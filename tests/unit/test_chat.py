@@ -80,3 +80,26 @@ def test_missing_pieces_are_clear_errors(tmp_path: Path, tiny_model: Path) -> No
     (no_tmpl / "tokenizer.json").write_bytes((tiny_model / "tokenizer.json").read_bytes())
     with pytest.raises(ModelError, match="no chat template"):
         ChatTokenizer(no_tmpl)
+
+
+def test_long_texts_are_tokenized_with_the_gil_released(tiny_model: Path) -> None:
+    """A tool return tokenized in a worker thread must leave the event loop running: the
+    main thread keeps counting while another thread encodes 512 KiB (~0.3 s).
+    `Tokenizer.encode` held the GIL throughout (2 counts)."""
+    import threading
+
+    tok = ChatTokenizer(tiny_model)
+    text = "stall words, " * (512 * 1024 // 13)
+    ids = tok.encode(text)
+    assert ids == tok.tokenizer.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids) == tok.tokenizer.decode(ids, skip_special_tokens=False) == text
+
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (tok.encode(text), done.set()))
+    worker.start()
+    counts = 0
+    while not done.is_set():
+        counts += 1
+        done.wait(0.002)  # gives the GIL up, as the loop does between callbacks
+    worker.join()
+    assert counts >= 10, counts

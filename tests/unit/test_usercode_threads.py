@@ -1,0 +1,24 @@
+"""Threads for user code and tokenizing are started before episodes need them: a
+`submit` that must start a thread waits, on the event loop, until the new thread runs,
+which under GIL contention took up to 100 ms per thread (issue 14, item 2)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from libra.usercode import start_threads
+
+
+def test_start_threads_starts_them_all_so_later_submits_start_none() -> None:
+    ex = ThreadPoolExecutor(4)
+    try:
+        start_threads(ex, 4)
+        before = {t.ident for t in threading.enumerate()}
+        barrier = threading.Barrier(4)
+        jobs = [ex.submit(barrier.wait, 10) for _ in range(4)]  # 4 at once: all threads
+        for job in jobs:
+            job.result()
+        assert {t.ident for t in threading.enumerate()} == before  # none started for them
+    finally:
+        ex.shutdown()
