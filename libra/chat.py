@@ -217,9 +217,10 @@ class ChatTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """`ids` as text; long lists through `decode_batch`, as `encode` says."""
+        skip = skip_special_tokens
         if len(ids) > RELEASE_GIL_CHARS // 4:
-            return self.tokenizer.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)[0]
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+            return self.tokenizer.decode_batch([list(ids)], skip_special_tokens=skip)[0]
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip)
 
     def token_id(self, text: str) -> int | None:
         """The id of `text` when it is a single token of the vocabulary, else None."""
