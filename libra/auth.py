@@ -9,6 +9,7 @@ Tokens are compared in constant time.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 
 
 def bearer_credentials(header: str | None) -> bytes | None:
@@ -28,4 +29,14 @@ def bearer_matches(header: str | None, token: str) -> bool:
     return got is not None and hmac.compare_digest(got, token.encode())
 
 
-__all__ = ["bearer_credentials", "bearer_matches"]
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a server reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+__all__ = ["bearer_credentials", "bearer_matches", "is_loopback"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from libra.cli.common import add_fleet_flags, apply_bucket_flags, fleet_overrides
@@ -45,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     add_fleet_flags(p)
     p.add_argument("--endpoint-kind", choices=["auto", "embedded", "vllm"],
                    help="how POST /v1/weights loads checkpoints (default auto)")  # fmt: skip
+    p.add_argument("--weights-dir", action="append", metavar="DIR",
+                   help="a folder POST /v1/weights may load from (repeatable; needed when "
+                   "the service is reachable from other hosts)")  # fmt: skip
     p.add_argument("--spool", metavar="DIR", help="spool folder (default runs/spool)")
     p.add_argument("--fsync", choices=["always", "interval", "never"],
                    help="spool fsync policy (default always; see docs/service.md)")  # fmt: skip
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             name, sep, spec = item.partition("=")
             entries.append(EnvEntry(spec=spec, name=name) if sep else EnvEntry(spec=item))
         cfg.envs = [*cfg.envs, *entries]
+    if args.weights_dir:
+        cfg.weights_dirs = [*cfg.weights_dirs, *(os.path.abspath(d) for d in args.weights_dir)]
     apply_bucket_flags(cfg, args)
     run_sync(serve(cfg, ready=announce))
     return 0

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import orjson
 from aiohttp import web
 
-from libra.auth import bearer_matches
+from libra.auth import bearer_matches, is_loopback
 from libra.config import Config
 from libra.endpoints.pool import EndpointPool
 from libra.service.config import ServiceConfig, WeightsRequest
@@ -33,7 +33,7 @@ from libra.service.intake import parse_body, parse_submit
 from libra.service.manager import BatchManager
 from libra.service.metrics import render
 from libra.service.stream import episode_chunks, group_chunks
-from libra.service.weights import update_all
+from libra.service.weights import update_all, weights_folder
 
 log = logging.getLogger("libra.service")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -169,9 +169,13 @@ async def weights(request: web.Request) -> web.StreamResponse:
         raise RequestError(
             501, "weight updates need libra.engine.weights (not installed)"
         ) from None
+    cfg = request.app[CONFIG]
+    folder = await asyncio.to_thread(  # realpath touches the filesystem
+        weights_folder, req.path, cfg.weights_dirs, exposed=not is_loopback(cfg.host),
+        local=cfg.check_weights_locally,
+    )  # fmt: skip
     async with request.app[WEIGHTS_LOCK]:
-        cfg = request.app[CONFIG]
-        results = await update_all(request.app[POOL], cfg.endpoint_kind, req.version, req.path,
+        results = await update_all(request.app[POOL], cfg.endpoint_kind, req.version, folder,
                                    check_local=cfg.check_weights_locally)  # fmt: skip
         ok = [u for u, r in results.items() if r["status"] == "ok"]
         for r in results.values():

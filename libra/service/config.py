@@ -87,6 +87,10 @@ class ServiceConfig(Config):
     """Before `POST /v1/weights` touches an endpoint, check that the folder is a
     checkpoint as this process sees it (a failed reload can crash vLLM). Turn off when
     the endpoints see a filesystem the service does not."""
+    weights_dirs: list[str] = Field(default_factory=list)
+    """Folders `POST /v1/weights` may load checkpoints from (a request's path must be
+    absolute and inside one, links resolved). Empty: any folder while the service binds
+    only loopback; none once it is reachable from other hosts."""
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
     max_request_mb: float = Field(64.0, gt=0)
     """Largest request body accepted (a submit carries its tasks inline)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from libra.auth import is_loopback
 from libra.errors import ConfigError
 from libra.rollout.serving import open_pool, resolve_serving
 from libra.service.app import build_app
@@ -30,15 +30,6 @@ from libra.service.envs import EnvHost
 from libra.service.manager import BatchManager
 
 log = logging.getLogger("libra.service")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(host: str, port: int) -> socket.socket:

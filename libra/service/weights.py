@@ -13,6 +13,8 @@ swap); at most one turn per episode in flight is affected.
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import aiohttp
@@ -20,11 +22,44 @@ import orjson
 
 from libra.endpoints.pool import Endpoint, EndpointPool
 from libra.errors import ConfigError, LibraError
+from libra.service.errors import RequestError
 
 Kind = Literal["embedded", "vllm"]
 KINDS: dict[str, Kind] = {"embedded": "embedded", "vllm": "vllm"}
 OWNERS: dict[str, Kind] = {"libra": "embedded", "vllm": "vllm"}
 """`owned_by` of `/v1/models` -> endpoint kind, for `endpoint_kind = "auto"`."""
+
+
+def weights_folder(path: str, dirs: Sequence[str], *, exposed: bool, local: bool) -> str:
+    """The folder `POST /v1/weights` may hand the endpoints for a request's `path`, or a
+    `RequestError` (403) naming the problem and the fix. A request's path is untrusted:
+    with `weights_dirs` set it must be absolute and lie inside one of them, also once
+    links are resolved when the service sees the endpoints' filesystem (`local`); the
+    resolved path is what the endpoints get. Without `weights_dirs` any folder is taken
+    on a loopback-only service (one machine, one user) and none on an exposed one."""
+    if not dirs:
+        if exposed:
+            raise RequestError(
+                403,
+                "weight updates on a service reachable from other hosts need weights_dirs, "
+                "the folders checkpoints may be loaded from: set weights_dirs = "
+                '["/shared/ckpt"] in the config, or --weights-dir DIR',
+            )
+        return path
+    if not os.path.isabs(path):
+        raise RequestError(403, f"path {path!r} is not absolute; give the checkpoint's "
+                                f"absolute path inside weights_dirs {list(dirs)}")  # fmt: skip
+    lexical = os.path.normpath(path)
+    candidates = [(lexical, [os.path.normpath(d) for d in dirs])]
+    if local:
+        candidates.append((os.path.realpath(path), [os.path.realpath(d) for d in dirs]))
+    for p, roots in candidates:
+        if not any(os.path.commonpath([p, r]) == r for r in roots):
+            what = "" if p == lexical else f" (it resolves to {p!r})"
+            raise RequestError(403, f"path {path!r}{what} is outside weights_dirs "
+                                    f"{list(dirs)}: publish checkpoints inside one of them "
+                                    "or add its folder to weights_dirs")  # fmt: skip
+    return candidates[-1][0]
 
 
 async def detect_kind(session: aiohttp.ClientSession, url: str) -> Kind:
@@ -61,4 +96,4 @@ async def update_all(
     return {ep.url: r for ep, r in zip(eps, results, strict=True)}
 
 
-__all__ = ["detect_kind", "update_all"]
+__all__ = ["detect_kind", "update_all", "weights_folder"]
