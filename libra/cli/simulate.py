@@ -48,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         default="all",
         help="all | baselines | ladder | NAME,... (names: verl-colocated, "
         "verl-static-uniform, verl-greedy-heuristic, areal-static-optimal, "
-        "libra-homogeneous, libra-hetero-tp, libra-cmlfq, libra, libra-oracle-routing)",
+        "best-static-colocated, libra-homogeneous, libra-hetero-tp, libra-cmlfq, libra, "
+        "ceiling, libra-oracle-routing; all = every one but the last)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
     p.add_argument(
@@ -152,6 +153,14 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             "  libra / : Libra's throughput divided by the row's (above 1.00x: Libra finished "
             "faster); GPU use: share of GPU-time per activity"
+        )
+    h = result.get("headroom")
+    if h:
+        captured = "none to capture" if h["captured"] is None else f"{h['captured']:.0%}"
+        lines.append(
+            f"  headroom: best baseline {h['best_baseline']}; libra / it "
+            f"{h['libra_over_best_baseline']:.2f}x, ceiling / it "
+            f"{h['ceiling_over_best_baseline']:.2f}x; Libra captured {captured} of the headroom"
         )
     t = result["timing"]
     lines.append(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from libra.planner import instance_cost, weight_sync_time
@@ -38,14 +39,16 @@ class Simulation:
         self.spec, self.env, cfg = spec, env, env.cfg
         self.steps = cfg.steps
         self.loop = Loop()
-        settings = env.colocated_settings if spec.sync else env.settings
+        self.controller = make_controller(spec, self)
+        layout = layout or self.controller.initial_layout()
+        self.sync = spec.sync or layout.shared
+        """Rollout and training alternate on the same GPUs (staleness 0)."""
+        settings = env.colocated_settings if self.sync else env.settings
         costs = {
             tp: instance_cost(env.model, env.hw, tp, settings.rollout) for tp in env.tps(settings)
         }
         self.fleet = Fleet(self.loop, costs, settings.rollout.max_num_seqs, self._episode_done)
         self.fleet.spill = cfg.dispatch == "spill"
-        self.controller = make_controller(spec, self)
-        layout = layout or self.controller.initial_layout()
         self.layout = layout
         self.initial_layout = layout
         self.trainer = Trainer(
@@ -68,7 +71,7 @@ class Simulation:
             for _ in range(n):
                 self.fleet.add(tp, 0.0)
         self.pool = HybridPool(self) if spec.elastic else None
-        self.k = 0 if spec.sync else cfg.staleness
+        self.k = 0 if self.sync else cfg.staleness
         nan = math.nan
         self.released, self.done = [nan] * self.steps, [nan] * self.steps
         self.t_start, self.t_end = [nan] * self.steps, [nan] * self.steps
@@ -84,9 +87,13 @@ class Simulation:
         self.mark()
 
     # --- the loop ---------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, give_up: Callable[[], bool] | None = None) -> None:
+        """Simulate `steps` steps, or until `give_up()` holds (a pilot that cannot win)."""
         self.loop.at(0.0, self._release)
-        self.loop.run(lambda: self.trained >= self.steps)
+        if give_up is None:
+            self.loop.run(lambda: self.trained >= self.steps)
+        else:
+            self.loop.run(lambda: self.trained >= self.steps or give_up())
 
     def releasable(self) -> bool:
         s = self.next_batch

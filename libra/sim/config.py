@@ -59,6 +59,11 @@ class SimConfig(Config):
     colocated_memory: float = Field(0.5, gt=0.0, le=1.0)
     """verl-Colocated: the share of device memory the rollout engine gets next to the
     resident training state (verl's `rollout.gpu_memory_utilization` default)."""
+    pilot_steps: int = Field(3, ge=1)
+    """Steps of the pilot runs that choose the simulated-best static layouts
+    (areal-static-optimal, best-static-colocated, ceiling; `libra.sim.search`): every
+    candidate runs the first `pilot_steps` batches and the one whose pilot predicts the
+    shortest run is kept."""
     replan: ReplanConfig = Field(default_factory=ReplanConfig)
     """When the planner-driven systems replan (`libra.planner.ReplanPolicy`)."""
 

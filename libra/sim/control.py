@@ -1,8 +1,8 @@
 """Controllers: how each system chooses its layout at the start and after every step.
 
 - `Fixed`: verl-Colocated (all GPUs, one TP size), verl-Static-Uniform (an even split),
-  AReaL-Static-Optimal (the planner's best uniform-TP plan for the initial workload);
-  never changes.
+  AReaL-Static-Optimal, best-static-colocated and the ceiling (the fastest static layouts
+  pilot runs find, `libra.sim.search`); never changes.
 - `Greedy`: verl-Greedy-Heuristic. After each step it compares the measured rollout time
   of the step's batch with its training time and, when the slower side was slower by more
   than `greedy_band`, moves one node's worth of GPUs to it (best training configuration on
@@ -36,6 +36,12 @@ class Fixed:
             return env.fixed(stats, g, g, env.colocated_settings)
         if self.spec.split in ("even", "greedy"):
             return env.fixed(stats, g // 2, g - g // 2, env.settings)
+        if self.spec.split in ("searched", "colocated-searched", "ceiling"):
+            from libra.sim import search  # it simulates, so it imports the simulation
+
+            if self.spec.split == "ceiling":
+                return search.ceiling(env).best
+            return search.best_static(env, colocated=self.spec.split != "searched").best
         return env.planned(stats, hetero=self.spec.hetero, step=0)
 
     def on_step_end(self, step: int) -> None:

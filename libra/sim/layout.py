@@ -43,6 +43,8 @@ class Layout:
     """Largest final context each TP size's bucket serves."""
     predicted_t_iter: float = math.nan
     plan: Plan | None = field(default=None, compare=False)
+    shared: bool = False
+    """Training and rollout take turns on the same GPUs (colocated, synchronous)."""
 
     @property
     def rollout_gpus(self) -> int:
@@ -59,6 +61,7 @@ class Layout:
             "bounds": {f"tp{tp}": b for tp, b in sorted(self.bounds.items())},
             "predicted_t_iter_s": None if math.isnan(self.predicted_t_iter) else
             round(self.predicted_t_iter, 1),
+            **({"colocated": True} if self.shared else {}),
         }  # fmt: skip
 
     @classmethod
@@ -81,6 +84,8 @@ class Env:
         self.max_context = wl.max_context
         self._stats: dict[int, WorkloadStats] = {}
         self._plans: dict[tuple[int | None, bool], Layout] = {}
+        self.searched: dict[str, Any] = {}
+        """Static layouts found by pilot runs (`libra.sim.search`), by kind."""
 
     def stats(self, step: int) -> WorkloadStats:
         if step not in self._stats:

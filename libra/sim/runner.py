@@ -20,10 +20,11 @@ from typing import Any
 
 from libra.errors import ConfigError
 from libra.planner import load_hardware, load_model
+from libra.sim import search
 from libra.sim.config import SimConfig
 from libra.sim.episodes import Workload
 from libra.sim.layout import Env, Layout
-from libra.sim.systems import SystemSpec
+from libra.sim.systems import BASELINES, SystemSpec
 
 _SHARED: dict[str, Env] = {}
 """The environment forked workers share (set while a pool runs)."""
@@ -136,6 +137,13 @@ def simulate(
             env.stats(step)
         setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0}
         say(f"workload {env.workload.name}: {cfg.steps} steps ready ({setup['wall_s']:.1f} s)")
+        searches = _search(env, systems)  # before the fork: the systems share them
+        if searches:
+            pilots = sum(s["pilots"] for s in searches.values())
+            took = time.perf_counter() - w0 - setup["wall_s"]
+            say(
+                f"static layouts: {pilots} pilots of {search.pilot_steps(env)} steps ({took:.1f} s)"
+            )
         gc.freeze()
         if jobs == 1:
             for spec in systems:
@@ -171,6 +179,8 @@ def simulate(
             **env.initial.summary(),
         },
         "systems": results,
+        "static_search": searches,
+        "headroom": headroom(results),
         "timing": {
             "setup_cpu_s": round(setup["cpu_s"], 3),
             "cpu_s": round(
@@ -182,6 +192,36 @@ def simulate(
     }
 
 
+def _search(env: Env, systems: Sequence[SystemSpec]) -> dict[str, Any]:
+    """The static layouts the systems of `systems` take from pilot runs, found once."""
+    splits = {s.split for s in systems}
+    if "searched" in splits or "ceiling" in splits:
+        search.best_static(env, colocated=False)
+    if "colocated-searched" in splits or "ceiling" in splits:
+        search.best_static(env, colocated=True)
+    if "ceiling" in splits:
+        search.ceiling(env)
+    return {kind: found.describe() for kind, found in env.searched.items()}
+
+
+def headroom(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Libra against the best baseline and the ceiling (when the run has all three):
+    `captured` = (libra - best baseline) / (ceiling - best baseline) in throughput, None
+    when the ceiling is not above the best baseline (no headroom to capture)."""
+    by = {r["system"]: r["throughput"] for r in results}
+    bases = {n: by[n] for n in BASELINES if n in by}
+    if "libra" not in by or "ceiling" not in by or not bases:
+        return None
+    best = max(bases, key=lambda n: (bases[n], n))
+    lib, top, bar = by["libra"], by["ceiling"], bases[best]
+    return {
+        "best_baseline": best,
+        "libra_over_best_baseline": round(lib / bar, 4),
+        "ceiling_over_best_baseline": round(top / bar, 4),
+        "captured": round((lib - bar) / (top - bar), 4) if top > bar else None,
+    }
+
+
 def _line(r: dict[str, Any]) -> str:
     return (
         f"  {r['system']}: {r['throughput']:,.0f} token/s, {r['time_s']:,.0f} s "
@@ -189,4 +229,4 @@ def _line(r: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["build_env", "keep_freed_memory", "run_system", "simulate"]
+__all__ = ["build_env", "headroom", "keep_freed_memory", "run_system", "simulate"]

@@ -17,8 +17,11 @@ from libra.errors import ConfigError
 class SystemSpec:
     name: str
     summary: str
-    split: Literal["colocated", "even", "static-optimal", "planner", "greedy"]
-    """How GPUs are divided between training and rollout."""
+    split: Literal[
+        "colocated", "colocated-searched", "even", "searched", "planner", "greedy", "ceiling"
+    ]
+    """How GPUs are divided between training and rollout: `searched`, `colocated-searched`
+    and `ceiling` are the fastest static layouts pilot runs find (`libra.sim.search`)."""
     hetero: bool = False
     """Rollout instances of several TP sizes (the planner's mix) instead of one."""
     routing: str = "static"
@@ -35,7 +38,7 @@ class SystemSpec:
 
     @property
     def sync(self) -> bool:
-        return self.split == "colocated"
+        return self.split in ("colocated", "colocated-searched")
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -58,8 +61,13 @@ SYSTEMS: dict[str, SystemSpec] = {
         ),
         SystemSpec(
             "areal-static-optimal",
-            "best static split and uniform TP for the initial workload, then fixed",
-            split="static-optimal",
+            "the fastest static split and uniform TP in pilot runs of the first steps, fixed",
+            split="searched",
+        ),
+        SystemSpec(
+            "best-static-colocated",
+            "colocated (synchronous), the rollout TP size fastest in pilot runs, fixed",
+            split="colocated-searched",
         ),
         SystemSpec(
             "libra-homogeneous",
@@ -93,6 +101,14 @@ SYSTEMS: dict[str, SystemSpec] = {
             elastic=True,
         ),
         SystemSpec(
+            "ceiling",
+            "reference: the fastest static layout (any TP mix) in pilot runs with oracle "
+            "routing, fixed",
+            split="ceiling",
+            hetero=True,
+            routing="oracle",
+        ),
+        SystemSpec(
             "libra-oracle-routing",
             "diagnostic: Libra with routing that knows every episode's final length",
             split="planner",
@@ -104,10 +120,13 @@ SYSTEMS: dict[str, SystemSpec] = {
     )
 }
 
+BASELINES = ("verl-colocated", "verl-static-uniform", "verl-greedy-heuristic",
+             "areal-static-optimal", "best-static-colocated")  # fmt: skip
+"""The systems Libra is measured against (the best of them per run is the bar)."""
+
 GROUPS = {
     "all": [n for n in SYSTEMS if n != "libra-oracle-routing"],
-    "baselines": ["verl-colocated", "verl-static-uniform", "verl-greedy-heuristic",
-                  "areal-static-optimal", "libra"],
+    "baselines": [*BASELINES, "libra"],
     "ladder": ["verl-static-uniform", "libra-homogeneous", "libra-hetero-tp", "libra-cmlfq",
                "libra"],
 }  # fmt: skip
@@ -132,4 +151,4 @@ def resolve(names: str) -> list[SystemSpec]:
     return [SYSTEMS[n] for n in dict.fromkeys(out)]
 
 
-__all__ = ["GROUPS", "SYSTEMS", "SystemSpec", "resolve"]
+__all__ = ["BASELINES", "GROUPS", "SYSTEMS", "SystemSpec", "resolve"]

@@ -22,9 +22,7 @@ def rollout_makespan(env: Env, layout: Layout, *, oracle: bool = False) -> float
     TP size, each episode to the least-loaded instance of the smallest bucket that fits
     its prompt, or with `oracle` of the bucket of its final length (the assignment the
     planner assumes)."""
-    spec = SystemSpec(
-        "validate", "", split="static-optimal", routing="oracle" if oracle else "static"
-    )
+    spec = SystemSpec("validate", "", split="even", routing="oracle" if oracle else "static")
     sim = Simulation(spec, env, layout)
     sim.steps = 1
     sim.run()

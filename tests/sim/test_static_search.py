@@ -1,0 +1,105 @@
+"""The simulated-best static layouts (`libra.sim.search`), the ceiling and the headroom
+figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from libra.sim import search
+from libra.sim.cluster import Simulation
+from libra.sim.config import SimConfig
+from libra.sim.runner import build_env, headroom, simulate
+from libra.sim.systems import SYSTEMS, resolve
+
+TINY = {"workload": "search-r1", "gpus": 16, "steps": 4, "prompts": 4, "group": 8}
+
+
+@pytest.fixture(scope="module")
+def env():
+    return build_env(SimConfig(**TINY))
+
+
+def test_split_unit_gives_about_a_dozen_splits_at_most_a_node():
+    assert [search.split_unit(g, 8) for g in (2, 16, 24, 48, 96, 512)] == [1, 1, 2, 4, 8, 8]
+
+
+def test_areal_static_optimal_is_the_fastest_candidate_pilot(env):
+    cands = search.disaggregated_candidates(env)
+    assert len({c.train.gpus for c in cands}) >= 10 and {t for c in cands for t in c.mix} == {
+        1,
+        2,
+        4,
+        8,
+    }
+    times = [search.pilot(env, c) for c in cands]  # every pilot to its end, no early stop
+    first_fastest = cands[times.index(min(times))]
+    found = search.best_static(env, colocated=False)
+    assert found.best == first_fastest and found.pilot_s == min(times)
+    sim = Simulation(SYSTEMS["areal-static-optimal"], env)
+    sim.run()
+    assert sim.initial_layout == first_fastest and sim.layout == first_fastest  # fixed
+
+
+def test_the_planner_does_not_set_the_bar():
+    """The baselines' layouts come from pilots alone: with the planner unavailable they
+    are the same."""
+    env = build_env(SimConfig(**TINY))
+
+    def no_planner(*args, **kwargs):
+        raise AssertionError("a baseline asked the planner")
+
+    env.planned = no_planner  # type: ignore[method-assign]
+    for name in ("areal-static-optimal", "best-static-colocated"):
+        Simulation(SYSTEMS[name], env).run()
+    assert (
+        env.searched["disaggregated"].best
+        == search.best_static(build_env(SimConfig(**TINY)), colocated=False).best
+    )
+
+
+def test_best_static_colocated_picks_the_fastest_tp_and_alternates(env):
+    cands = search.colocated_candidates(env)
+    times = [search.pilot(env, c) for c in cands]
+    found = search.best_static(env, colocated=True)
+    assert found.best == cands[times.index(min(times))]
+    sim = Simulation(SYSTEMS["best-static-colocated"], env)
+    sim.run()
+    assert sim.sync and sim.layout.train.gpus == TINY["gpus"]
+    for s in range(1, TINY["steps"]):  # synchronous: a batch starts after the last step
+        assert sim.released[s] >= sim.t_end[s - 1]
+
+
+def test_ceiling_is_at_least_as_fast_as_the_static_layouts(env):
+    top = search.ceiling(env)
+    assert top.pilot_s <= search.best_static(env, colocated=False).pilot_s
+    assert top.pilot_s <= search.best_static(env, colocated=True).pilot_s
+    out = simulate(SimConfig(**TINY), resolve("areal-static-optimal,best-static-colocated,ceiling"))
+    by = {r["system"]: r for r in out["systems"]}
+    assert by["ceiling"]["routing"]["policy"] == "oracle"
+    # The run is the pilot's length here, so the pilot's prediction is the run itself.
+    assert by["ceiling"]["time_s"] <= min(
+        by["areal-static-optimal"]["time_s"], by["best-static-colocated"]["time_s"]
+    )
+    assert set(out["static_search"]) == {"disaggregated", "colocated", "ceiling"}
+
+
+def test_neighbours_are_one_move_away_and_serve_every_bucket(env):
+    start = search.best_static(env, colocated=False).best
+    for n in search.neighbours(env, start):
+        assert n.train.gpus + n.rollout_gpus == TINY["gpus"]
+        assert set(n.bounds) == set(n.mix) and max(n.bounds.values()) == env.max_context
+
+
+def test_headroom_is_libras_share_between_best_baseline_and_ceiling():
+    rows = [
+        {"system": "verl-colocated", "throughput": 80.0},
+        {"system": "areal-static-optimal", "throughput": 100.0},
+        {"system": "libra", "throughput": 105.0},
+        {"system": "ceiling", "throughput": 120.0},
+    ]
+    h = headroom(rows)
+    assert h is not None
+    assert h["best_baseline"] == "areal-static-optimal" and h["captured"] == 0.25
+    rows[-1]["throughput"] = 90.0  # the ceiling below the bar: nothing to capture
+    assert headroom(rows)["captured"] is None  # type: ignore[index]
+    assert headroom(rows[:2]) is None
