@@ -13,4 +13,5 @@ BENCHMARKS: dict[str, str] = {
     "proxy": "proxy",
     "relayout": "relayout",
     "train-ab": "train_ab",
+    "sim-grid": "sim_grid",
 }
