@@ -36,6 +36,7 @@ from libra.env import Env, reward_wants_context
 from libra.errors import EndpointError
 from libra.record import Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.config import LimitsConfig
+from libra.rollout.deadlines import Deadlines
 from libra.rollout.offload import offload, text_size
 from libra.rollout.reward import as_reward, plain, score
 from libra.rollout.toolrun import CallOutcome, encode_returns, run_calls
@@ -69,32 +70,72 @@ class _Ended(Exception):
 
 
 @dataclass(slots=True)
+class _TurnDraft:
+    """A turn while its episode runs; the record's `Turn` (a pydantic model: a dict, a
+    set and two lists besides itself, and as many again per tool call) is built once, at
+    the end, so that suspended episodes hold few objects for the garbage collector."""
+
+    start: int
+    model_tokens: int
+    bucket: str
+    endpoint: str
+    policy_version: int
+    finish_reason: str | None
+    tool_tokens: int = 0
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """(name, arguments) per tool call."""
+    returns: tuple[tuple[str, str, int, float, Any], ...] = ()
+    """(tool, status, payload tokens, latency s, info) per tool return."""
+
+    def turn(self) -> Turn:
+        return Turn(
+            start=self.start,
+            model_tokens=self.model_tokens,
+            tool_tokens=self.tool_tokens,
+            bucket=self.bucket,
+            endpoint=self.endpoint,
+            policy_version=self.policy_version,
+            finish_reason=self.finish_reason,
+            tool_calls=[ToolCall(name=n, arguments=a) for n, a in self.calls],
+            tool_returns=[
+                ToolReturn(tool=t, status=s, payload_tokens=p, latency_s=lat, info=i)
+                for t, s, p, lat, i in self.returns
+            ],
+        )
+
+
+@dataclass(slots=True)
 class _State:
     """Mutable per-episode bookkeeping, turned into a Trajectory at the end.
 
-    Token ids, mask and log-probs live in typed arrays, not lists: the garbage collector
-    does not traverse them, so with thousands of episodes in flight its full passes stay
-    short (a list of ints is walked item by item on every one)."""
+    Kept small for the garbage collector, which walks every tracked object of every
+    suspended episode on each full pass: token ids, mask and log-probs live in typed
+    arrays (not walked item by item as a list of ints is), the context is the prompt
+    followed by the response (one array, `prompt_len` splits it), and what most episodes
+    never fill (migrations) is created on first use."""
 
     spec: EpisodeSpec
-    prompt_ids: array[int]
-    context: array[int]
-    bucket: str
-    response: array[int] = field(default_factory=lambda: array("i"))
+    bucket: str = ""
+    prompt_len: int = -1
+    """Tokens of the rendered prompt; -1 until the prompt is rendered."""
+    context: array[int] = field(default_factory=lambda: array("i"))
     mask: array[int] = field(default_factory=lambda: array("b"))
     logprobs: array[float] = field(default_factory=lambda: array("d"))
-    turns: list[Turn] = field(default_factory=list)
-    migrations: list[Migration] = field(default_factory=list)
-    tool_states: list[ToolState] = field(default_factory=list)
+    turns: list[_TurnDraft] = field(default_factory=list)
+    migrations: list[Migration] | None = None
+    tool_states: tuple[ToolState, ...] = ()
     messages: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
     queued_s: float = 0.0
     generate_s: float = 0.0
     tool_s: float = 0.0
 
+    @property
+    def response_len(self) -> int:
+        return len(self.context) - self.prompt_len
+
     def append(self, ids: Sequence[int], lps: Sequence[float] | None, model: bool) -> None:
         self.context.extend(ids)
-        self.response.extend(ids)
         self.mask.extend(array("b", (1 if model else 0,)) * len(ids))
         self.logprobs.extend(lps if lps is not None else array("d", (0.0,)) * len(ids))
 
@@ -148,6 +189,8 @@ class EpisodeRunner:
         # parse) per event-loop iteration, so timers and I/O stay responsive when
         # thousands of episodes are in flight (waiters wake one loop iteration later).
         self._cpu = asyncio.Semaphore(cpu_slots)
+        # The episode and turn timeouts of every episode, on one timer (see deadlines).
+        self._deadlines = Deadlines()
 
     def _tools(self, task: dict[str, Any]) -> tuple[dict[str, Tool], list[dict[str, Any]]]:
         tools = self.env.tools_for(task)
@@ -168,11 +211,11 @@ class EpisodeRunner:
         `on_abort` as an `aborted` record and the cancellation propagates."""
         t0 = self.clock()
         ctx = Context(episode_id=spec.id, task=spec.task, env=self.env)
-        holder: list[_State] = []
+        st = _State(spec)
         try:
-            record = await self._run(spec, ctx, holder)
+            record = await self._run(st, ctx)
         except asyncio.CancelledError:
-            record = self._record(spec, holder[0] if holder else None, "aborted", "cancelled")
+            record = self._record(spec, st, "aborted", "cancelled")
             record.timings.queued_s += admitted_after_s
             record.timings.total_s = self.clock() - t0
             if on_abort is not None:
@@ -184,13 +227,14 @@ class EpisodeRunner:
         record.timings.total_s = self.clock() - t0
         return record
 
-    async def _run(self, spec: EpisodeSpec, ctx: Context, holder: list[_State]) -> Trajectory:
+    async def _run(self, st: _State, ctx: Context) -> Trajectory:
+        spec = st.spec
         status, error = "ok", None
         try:
-            async with asyncio.timeout(self.limits.episode_timeout_s):
+            async with self._deadlines.timeout(self.limits.episode_timeout_s):
                 await usercode.call(self.env.setup, ctx, limit_s=None, what="env.setup")
-                holder.append(await self._open(spec))
-                await self._loop(holder[0], ctx)
+                await self._open(st)
+                await self._loop(st, ctx)
         except _Ended as e:
             status, error = e.status, e.error
         except TimeoutError:
@@ -200,14 +244,14 @@ class EpisodeRunner:
         except Exception as e:  # a bad rollout is data, not a crash
             log.debug("episode %s failed", spec.id, exc_info=True)
             status, error = "error", f"{type(e).__name__}: {e}"
-        st = holder[0] if holder else None
         record = self._record(spec, st, status, error)
-        if status in ("ok", "truncated", "timeout") and st is not None:
+        if status in ("ok", "truncated", "timeout") and st.prompt_len >= 0:
             await score(self.env, record, ctx, limit_s=self.limits.reward_timeout_s,
                         wants_context=self._reward_ctx)  # fmt: skip
         return record
 
-    async def _open(self, spec: EpisodeSpec) -> _State:
+    async def _open(self, st: _State) -> None:
+        spec = st.spec
         messages = await usercode.call(self.env.prompt, spec.task, limit_s=None, what="env.prompt")
         _, schemas = self._tools(spec.task)
         size = text_size(messages)
@@ -229,15 +273,15 @@ class EpisodeRunner:
             )
         n = len(prompt_ids)
         state = EpisodeState(spec.id, spec.task_id, n, n, (), "", 0, tuple(prompt_ids))
-        bucket = self.policy.on_start(state)
-        st = _State(spec, array("i", prompt_ids), array("i", prompt_ids), bucket)
+        st.bucket = self.policy.on_start(state)
+        st.context.extend(prompt_ids)
+        st.prompt_len = n
         st.messages.extend(messages)
-        return st
 
     async def _loop(self, st: _State, ctx: Context) -> None:
         tools, schemas = self._tools(st.spec.task)
         for turn_idx in range(self.max_turns):
-            start = len(st.response)
+            start = st.response_len
             served, finish = await self._model_turn(st, turn_idx)
             async with self._cpu:
                 turn, content, closed = self._close_turn(st, start, served, finish)
@@ -273,21 +317,15 @@ class EpisodeRunner:
 
     def _close_turn(
         self, st: _State, start: int, served: Served, finish: str | None
-    ) -> tuple[Turn, str, bool]:
-        model_ids = st.response[start:]
+    ) -> tuple[_TurnDraft, str, bool]:
+        model_ids = st.context[st.prompt_len + start :]
         content = self.tok.decode(model_ids)
         closed = bool(model_ids) and model_ids[-1] in self.tok.eos_token_ids
         if closed and self.tok.eos_token and content.endswith(self.tok.eos_token):
             content = content[: -len(self.tok.eos_token)]
         st.messages.append({"role": "assistant", "content": content})
-        turn = Turn(
-            start=start,
-            model_tokens=len(model_ids),
-            tool_tokens=0,
-            bucket=st.bucket,
-            endpoint=served.endpoint.url,
-            policy_version=served.version,
-            finish_reason=finish,
+        turn = _TurnDraft(
+            start, len(model_ids), st.bucket, served.endpoint.url, served.version, finish
         )
         st.turns.append(turn)
         return turn, content, closed
@@ -297,7 +335,7 @@ class EpisodeRunner:
         budget or the context) cuts the turn, it continues on a bucket with room
         (an overflow demotion)."""
         budget = self.sampling.max_tokens
-        async with asyncio.timeout(self.limits.turn_timeout_s):
+        async with self._deadlines.timeout(self.limits.turn_timeout_s):
             while True:
                 self._fit_bucket(st, turn_idx)
                 room_ctx = self.max_context - len(st.context)
@@ -358,6 +396,8 @@ class EpisodeRunner:
     def _move(self, st: _State, turn_idx: int, to: str, reason: str) -> None:
         if to == st.bucket:
             return
+        if st.migrations is None:
+            st.migrations = []
         st.migrations.append(
             Migration(
                 turn=turn_idx,
@@ -372,7 +412,7 @@ class EpisodeRunner:
     async def _append_tools(
         self,
         st: _State,
-        turn: Turn,
+        turn: _TurnDraft,
         outcomes: list[CallOutcome],
         schemas: list[dict[str, Any]],
         closed: bool,
@@ -386,17 +426,10 @@ class EpisodeRunner:
         )
         for o, payload in zip(outcomes, payloads, strict=True):
             st.tool_s += o.latency_s
-            turn.tool_calls.append(ToolCall(name=o.call.name, arguments=o.call.arguments))
-            turn.tool_returns.append(
-                ToolReturn(
-                    tool=o.call.name,
-                    status=o.result.status,
-                    payload_tokens=payload,
-                    latency_s=o.latency_s,
-                    info=plain(o.result.info),
-                )
-            )
-            st.tool_states.append(ToolState(o.call.name, o.result.status, payload))
+            turn.calls += ((o.call.name, o.call.arguments),)
+            info = plain(o.result.info)
+            turn.returns += ((o.call.name, o.result.status, payload, o.latency_s, info),)
+            st.tool_states += (ToolState(o.call.name, o.result.status, payload),)
         st.messages.extend(tool_msgs)
         if len(st.context) + len(delta) >= self.max_context:
             raise _Ended("truncated", f"tool output overflows max_context={self.max_context}")
@@ -408,9 +441,9 @@ class EpisodeRunner:
         state = EpisodeState(
             spec.id,
             spec.task_id,
-            len(st.prompt_ids),
+            st.prompt_len,
             len(st.context),
-            tuple(st.tool_states),
+            st.tool_states,
             st.bucket,
             next_turn,
         )
@@ -424,9 +457,7 @@ class EpisodeRunner:
         self._move(st, next_turn, to, reason)
 
     # --- the end ---------------------------------------------------------------------
-    def _record(
-        self, spec: EpisodeSpec, st: _State | None, status: str, error: str | None
-    ) -> Trajectory:
+    def _record(self, spec: EpisodeSpec, st: _State, status: str, error: str | None) -> Trajectory:
         rec = Trajectory(
             id=spec.id,
             batch_id=spec.batch_id,
@@ -437,16 +468,16 @@ class EpisodeRunner:
             status=status,
             error=error,
         )
-        if st is not None:
+        if st.prompt_len >= 0:  # the prompt was rendered
             rec.answer = st.answer
-            rec.prompt_token_ids = st.prompt_ids.tolist()
-            rec.prompt_tokens = len(st.prompt_ids)
-            rec.response_token_ids = st.response.tolist()
+            rec.prompt_token_ids = st.context[: st.prompt_len].tolist()
+            rec.prompt_tokens = st.prompt_len
+            rec.response_token_ids = st.context[st.prompt_len :].tolist()
             rec.loss_mask = st.mask.tolist()
             rec.logprobs = st.logprobs.tolist()
             rec.total_tokens = len(st.context)
-            rec.turns = st.turns
-            rec.migrations = st.migrations
+            rec.turns = [t.turn() for t in st.turns]
+            rec.migrations = st.migrations or []
             rec.timings = Timings(queued_s=st.queued_s, generate_s=st.generate_s, tool_s=st.tool_s)
             rec._messages = st.messages
         return rec
