@@ -173,6 +173,10 @@ class EpisodeRunner:
         self.clock = clock
         self._buckets = {b.name: b for b in pool.buckets}
         self._reward_ctx = reward_wants_context(env)
+        # Env's own setup and teardown do nothing: an env that keeps them is spared two
+        # user-code hand-offs (a task each) per episode.
+        self._setup = _overrides(env, "setup")
+        self._teardown_hook = _overrides(env, "teardown")
         # Turn ends: the end-of-turn token(s), plus env stop strings; a stop string that
         # is one token goes in stop_token_ids (vLLM matches stop strings on decoded text
         # only, which misses special tokens).
@@ -232,7 +236,8 @@ class EpisodeRunner:
         status, error = "ok", None
         try:
             async with self._deadlines.timeout(self.limits.episode_timeout_s):
-                await usercode.call(self.env.setup, ctx, limit_s=None, what="env.setup")
+                if self._setup:
+                    await usercode.call(self.env.setup, ctx, limit_s=None, what="env.setup")
                 await self._open(st)
                 await self._loop(st, ctx)
         except _Ended as e:
@@ -483,10 +488,17 @@ class EpisodeRunner:
         return rec
 
     async def _teardown(self, ctx: Context) -> None:
+        if not self._teardown_hook:
+            return
         try:
             await usercode.call(self.env.teardown, ctx, limit_s=60, what="env.teardown")
         except Exception:
             log.warning("teardown of episode %s failed", ctx.episode_id, exc_info=True)
+
+
+def _overrides(env: Env, hook: str) -> bool:
+    """Whether `env` has its own `hook`, not Env's (which does nothing)."""
+    return hook in vars(env) or getattr(type(env), hook) is not getattr(Env, hook)
 
 
 # For libra.train.demos, which scores expert demonstrations itself.
