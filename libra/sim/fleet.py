@@ -11,6 +11,10 @@ context, so only the tool response is prefilled. A placed episode goes to the
 least-loaded live instance (sequences per GPU) of its bucket, or, with `spill` dispatch
 (the default), of its bucket and the larger ones: a bucket's bound is the longest context
 it serves, so a larger bucket serves the episode too, and the policy's choice is a floor.
+The policy is told that floor after each tool return (as a live engine, which runs an
+episode in its routed bucket, tells it), not the bucket the episode spilled to: told the
+larger one, C-MLFQ moved spilled short episodes "down" to the bucket it had chosen, a
+full re-prefill each (issue #16: most of DAPO-Math's 26% re-prefilled tokens).
 Without spilling, every episode's first turns queue on the smallest bucket (C-MLFQ, MLFQ
 and static all start there), which the planner sized for the short episodes alone, while
 the larger instances idle at the start of each batch.
@@ -40,6 +44,7 @@ class Run:
         "ctx",
         "d_end",
         "ep",
+        "floor",
         "inst",
         "kv_off",
         "left",
@@ -56,6 +61,10 @@ class Run:
     def __init__(self, ep: Episode, batch: int, uid: str, now: float):
         self.ep, self.batch, self.uid, self.t0 = ep, batch, uid, now
         self.turn, self.left, self.ctx, self.tp = 0, ep.gen[0], ep.prompt, 0
+        self.floor = 0
+        """TP size of the bucket the policy routed it to; with spilling it may run in a
+        larger one (`tp`), and the policy is told this one, as a live engine, which
+        runs an episode in its routed bucket, would tell it."""
         self.inst: Instance | None = None
         self.states: tuple[Any, ...] = ()
         self.seg = self.pre_tokens = self.pre_ctx = 0
@@ -204,22 +213,25 @@ class Fleet:
         self._place(run, bi, now, None)
 
     def _bucket(self, run: Run) -> int:
-        i = self._tpi.get(run.tp)
+        """The bucket `run` was routed to (where it goes back to after losing its
+        instance), or the smallest that fits it when the layout no longer has it."""
+        i = self._tpi.get(run.floor)
         return i if i is not None else self._fits(run.ctx + 1)
 
     def _fits(self, tokens: int) -> int:
         return min(bisect.bisect_left(self._bounds, tokens), self._last)
 
-    def _pick(self, bi: int) -> tuple[int, Instance | None]:
+    def _pick(self, bi: int, top: int | None = None) -> tuple[int, Instance | None]:
         """The least-loaded live instance of bucket `bi` (with spilling: of `bi` and the
-        larger buckets, the smaller bucket on a tie), else of the nearest bucket that has
-        one (larger first: its bound fits)."""
+        larger buckets up to `top`, the smaller bucket on a tie), else of the nearest
+        bucket that has one (larger first: its bound fits)."""
         live = self._live[bi]
-        if live and (not self.spill or self.oracle or bi == self._last):
+        top = self._last if top is None else top
+        if live and (not self.spill or self.oracle or bi >= top):
             return bi, min(live, key=_load) if len(live) > 1 else live[0]
         if live:
             best, where, load = None, bi, float("inf")
-            for b in range(bi, self._last + 1):
+            for b in range(bi, top + 1):
                 for inst in self._live[b]:
                     x = (len(inst.active) + len(inst.queue)) / inst.tp
                     if x < load:
@@ -230,14 +242,17 @@ class Fleet:
                 return b, min(self._live[b], key=_load)
         return bi, None
 
-    def _place(self, run: Run, bi: int, now: float, moved: str | None) -> None:
+    def _place(
+        self, run: Run, bi: int, now: float, moved: str | None, top: int | None = None
+    ) -> None:
         """Prefill the whole context on an instance of bucket `bi` (a new episode, or a
-        move: the KV cache does not travel)."""
+        move: the KV cache does not travel); spilling no higher than bucket `top`."""
         if moved is not None:
             self.moves[moved] += 1
             self.reprefill_tokens += run.ctx
         run.pre_tokens, run.pre_ctx = run.ctx, 0
-        b, inst = self._pick(bi)
+        run.floor = self._tps[bi]
+        b, inst = self._pick(bi, top)
         if b < self._last and run.ctx >= self._bounds[b]:  # at the bound: next with room
             b, inst = self._pick(self._fits(run.ctx + 1))
         run.tp = self._tps[b]
@@ -277,19 +292,20 @@ class Fleet:
         ctx = run.ctx = run.ctx + u
         run.turn = t + 1
         run.left = ep.gen[t + 1]
-        bi = self._tpi.get(run.tp)
+        bi = self._tpi.get(run.tp)  # where it runs
         if bi is None:
             bi = self._fits(ctx + 1)
-        to, why = bi, "policy"
+        fi = min(self._tpi.get(run.floor, bi), bi)  # where it was routed
+        to, why = fi, "policy"
         states = ep.states[t]
         if states and self._consult:
             run.states = run.states + states
             state = EpisodeState(
-                run.uid, ep.task_id, ep.prompt, ctx, run.states, self.buckets[bi].name, t + 1
+                run.uid, ep.task_id, ep.prompt, ctx, run.states, self.buckets[fi].name, t + 1
             )
             assert self.policy is not None
             ans = self.policy.on_tool_return(state)
-            to = self._index.get(ans.bucket if isinstance(ans, Decision) else ans, bi)
+            to = self._index.get(ans.bucket if isinstance(ans, Decision) else ans, fi)
         bounds, last = self._bounds, self._last
         if bi < last and ctx >= bounds[bi]:
             why = "overflow"  # it cannot stay: the context has reached the bound
@@ -297,14 +313,23 @@ class Fleet:
         if to < last and ctx >= bounds[to]:
             to, why = self._fits(ctx + 1), "overflow"
         inst = run.inst
-        if to != bi:
+        # The policy's bucket is a floor: a larger bucket serves the episode too, so it
+        # moves (a full re-prefill) only when the floor rises above where it runs, or
+        # when the policy moves it down from the bucket it runs in (then to a smaller
+        # one: a re-prefill that lands where it was would buy nothing).
+        if fi <= to <= bi or to < fi < bi:  # (the latter spilled: the policy priced a
+            run.floor = self._tps[to]  # move down from its bucket, not from this one)
+            to = bi
+        if to > bi:
             self._place(run, to, now, why)
+        elif to < bi:
+            self._place(run, to, now, why, top=bi - 1)
         elif inst is not None and inst.role == "live" and inst.bucket == bi:
             run.pre_tokens, run.pre_ctx = u, ctx - u
             run.seg = run.left if bi >= last else min(run.left, bounds[bi] - ctx)
             inst.submit(run, now)
         else:  # its instance left (removed or lent): the cache is lost
-            self._place(run, bi, now, "reconfig")
+            self._place(run, self._bucket(run), now, "reconfig")
 
     def _finish(self, run: Run) -> None:
         self.finished(run, self.loop.now)
