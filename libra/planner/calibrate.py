@@ -15,7 +15,7 @@ Workers that share cores: with more devices x threads than the machine has cores
 CPU default runs 3 workers on 2 cores), a device gets its share of the cores, not a
 whole one: the compute peak is scaled by cores / (devices x threads) (capped at 1; the
 copy rate is already shared as above). The ranking of assignments still comes from the
-model; `libra train` corrects each one by what it measured (`libra.train.calibration`).
+model; `libra train` corrects each one by what it measured (`libra.planner.measured`).
 
 Collectives between processes go through shared memory, so their bandwidth is taken as
 half the copy rate, with a fixed latency (gloo on loopback) that is an assumption. This

@@ -22,7 +22,11 @@ import statistics
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from libra.planner.replan import Signals
+    from libra.planner.search import Plan
 
 WINDOW = 4
 """Steps per assignment whose factors are kept (the median of these is used)."""
@@ -94,4 +98,27 @@ class Measurements:
         return m
 
 
-__all__ = ["WINDOW", "Measurements", "Scale", "ratio"]
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """A plan's times after calibration to this run's measurements."""
+
+    t_train: float
+    t_rollout: float
+
+    @property
+    def t_iter(self) -> float:
+        return max(self.t_train, self.t_rollout)  # asynchronous RL
+
+    @classmethod
+    def of(cls, p: Plan, scale: tuple[float, float]) -> Timed:
+        return cls(p.t_train * scale[0], p.t_rollout * scale[1])
+
+
+def calibration(plan: Plan, signals: Signals) -> Scale:
+    """(train, rollout) factors measured / modelled of the assignment that ran this
+    step (`plan`: the model's times for it on this step's workload). 1.0 where nothing
+    was measured."""
+    return ratio(signals.train_s, plan.t_train), ratio(signals.rollout_s, plan.t_rollout)
+
+
+__all__ = ["WINDOW", "Measurements", "Scale", "Timed", "calibration", "ratio"]

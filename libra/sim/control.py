@@ -8,16 +8,27 @@
   than `greedy_band`, moves one node's worth of GPUs to it (best training configuration on
   the new count, the same uniform TP size); every change restarts the trainer.
 - `Replanner`: Libra and its ladder rungs. The real `ReplanPolicy` decides when to plan
-  anew from the last batch's trajectories; the candidate (the planner's plan, or its best
-  uniform-TP plan) replaces the current layout only when `ReplanPolicy.decide` says the
-  gain over the remaining steps pays for the modelled reconfiguration cost.
+  anew from the last batch's trajectories. The candidates are the planner's plan (or its
+  best uniform-TP plan), and for the heterogeneous rungs also the best uniform-TP plan:
+  the fallback a policy that can choose any static split must never lose to. Each is
+  predicted as its modelled time on the fresh batch times the factors, measured /
+  modelled, that its layout measured in the steps it ran wholly (`libra.planner.measured`,
+  the live trainer's calibration); a layout that never ran borrows the training factor
+  of the layout that ran last and the rollout factor of the last one routed over as many
+  buckets (one bucket or several: routing is what a mix's rollout model leaves out), else
+  the model's. The fastest replaces the current layout only when `ReplanPolicy.decide`
+  says the gain over the remaining steps pays for the modelled reconfiguration cost; once
+  a change has measured a settled step it is checked, and moved back from (a `revert`)
+  when the layout it replaced measures faster.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from libra.planner import ReplanPolicy, Signals, evaluate_plan, reconfig_cost
+from libra.planner.measured import Measurements, Scale, Timed, calibration
 from libra.sim.layout import Layout
 from libra.sim.systems import SystemSpec
 
@@ -93,6 +104,25 @@ class Replanner(Fixed):
     def __init__(self, spec: SystemSpec, sim: Simulation):
         super().__init__(spec, sim)
         self.policy = ReplanPolicy(sim.env.cfg.replan)
+        self.calib = Measurements()
+        """Each layout's measured / modelled factors."""
+        self.layouts: dict[Hashable, Layout] = {}
+        """Every layout that ran, by `key`."""
+        self.latest: dict[bool, Hashable] = {}
+        """The layout that measured last, by whether it routes over several buckets."""
+        self.settled_at = 0.0
+        """When the last applied change finished starting (a step released and trained
+        after it ran wholly in the current layout)."""
+        self.previous: Layout | None = None
+        """The layout the last applied change left (moving back to it is a revert)."""
+        self.unchecked = False
+        """The last change has not yet been judged on a step it ran wholly."""
+
+    @staticmethod
+    def key(layout: Layout) -> Hashable:
+        """A layout's identity for its measurements: training configuration and mix."""
+        c = layout.train
+        return (c.tp, c.pp, c.dp, c.ep, c.zero, tuple(sorted(layout.mix.items())))
 
     def on_step_end(self, step: int) -> None:
         sim, env = self.sim, self.sim.env
@@ -104,25 +134,75 @@ class Replanner(Fixed):
             waiting_episodes=sim.fleet.waiting(),
             decode_slots=max(1, sim.fleet.decode_slots()),
         )
-        why = self.policy.should_replan(signals)
-        if why is None or sim.layout.plan is None:
+        if sim.layout.plan is None:
             return
         stats = env.stats(step)
-        current = evaluate_plan(sim.layout.plan, env.model, env.hw, stats)
-        candidate = env.planned(stats, hetero=self.spec.hetero, step=step)
-        assert candidate.plan is not None
-        cost = self.cost(current, candidate.plan)
-        d = self.policy.decide(
-            current,
-            candidate.plan,
-            sim.steps - step - 1,
-            reconfig=cost,
-            step=step,
-            trigger=why,
-        )
-        sim.decisions.append({"t": sim.loop.now, **d.as_dict(), "candidate": candidate.describe()})
+        ran = evaluate_plan(sim.layout.plan, env.model, env.hw, stats)
+        step_scale = calibration(ran, signals)
+        settled = sim.released[step] >= self.settled_at and sim.t_start[step] >= self.settled_at
+        if settled:
+            k = self.key(sim.layout)
+            self.calib.add(k, step_scale)
+            self.layouts[k] = sim.layout
+            self.latest[len(sim.layout.mix) > 1] = k
+        why = self.policy.should_replan(signals)
+        if why is None and self.unchecked and settled:
+            why = "check"  # the change has run a step wholly: was it worth it?
+        # Only batches not yet released run in a new layout (with staleness, the next
+        # one is already rolling out in this one).
+        remaining = sim.steps - sim.next_batch
+        if why is None or remaining <= 0:
+            return
+        self.unchecked = self.unchecked and not settled
+        options = [env.planned(stats, hetero=self.spec.hetero, step=step)]
+        if self.spec.hetero:
+            options.append(env.planned(stats, hetero=False, step=step))
+        if self.previous is not None:
+            options.append(self.previous)
+        now = self.timed(sim.layout, ran, step_scale)
+        timed = [(self.timed(o, self._model(o, stats), step_scale), o) for o in options]
+        best_t, best = min(timed, key=lambda x: x[0].t_iter)
+        if self.key(best) == self.key(sim.layout):
+            best_t, best = now, sim.layout
+        assert best.plan is not None
+        cost = self.cost(ran, best.plan)
+        d = self.policy.decide(now, best_t, remaining, reconfig=cost, step=step, trigger=why)
+        entry = {
+            "t": sim.loop.now,
+            **d.as_dict(),
+            "candidate": best.describe(),
+            "calibration": {"train": step_scale[0], "rollout": step_scale[1]},
+        }
+        if d.apply and self.previous is not None and self.key(best) == self.key(self.previous):
+            entry["revert"] = True
+        sim.decisions.append(entry)
         if d.apply:
-            sim.apply(candidate)
+            self.previous = sim.layout
+            self.unchecked = True
+            sim.apply(best)
+            self.settled_at = max(sim.loop.now + self.start_s(best), sim.trainer.stall_until)
+
+    def _model(self, layout: Layout, stats: Any) -> Any:
+        assert layout.plan is not None
+        return evaluate_plan(layout.plan, self.sim.env.model, self.sim.env.hw, stats)
+
+    def timed(self, layout: Layout, modelled: Any, step_scale: Scale) -> Timed:
+        """`modelled` (the layout's plan on the fresh batch) times the factors its layout
+        measured, or borrowed ones (see the module docstring)."""
+        own = self.calib.own(self.key(layout))
+        if own is None:
+            last = self.calib.own(self.calib.last) if self.calib.last else None
+            train = last[0] if last else step_scale[0]
+            kin = self.latest.get(len(layout.mix) > 1)
+            like = self.calib.own(kin) if kin is not None else None
+            own = (train, like[1] if like else 1.0)
+        return Timed.of(modelled, own)
+
+    def start_s(self, layout: Layout) -> float:
+        """How long the instances `layout` adds take to start."""
+        env = self.sim.env
+        bw = env.hw.inter_node_bandwidth * env.hw.eff.comm
+        return env.cfg.engine_start_s + env.model.weight_bytes / min(layout.mix) / bw
 
     def cost(self, current: Any, candidate: Any) -> float:
         """`reconfig_cost` (seconds of iteration time); a trainer without the elastic

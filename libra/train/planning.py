@@ -12,7 +12,7 @@ workload just measured:
   the first bucket's TP size), lengths assigned to them by the planner's dynamic program;
 - asynchronous RL: t_iter = max(t_rollout, t_train).
 
-Calibration, per assignment (`libra.train.calibration`): every step that ran wholly in
+Calibration, per assignment (`libra.planner.measured`): every step that ran wholly in
 one assignment records its factors, measured / modelled, for training and rollout
 (`observe`). An option is predicted as its modelled time on the current workload times
 its own factors (median of its last steps); an option that never ran borrows those of
@@ -55,7 +55,7 @@ from libra.planner import (
     evaluate_rollout,
     evaluate_train,
 )
-from libra.train.calibration import Measurements, Scale, ratio
+from libra.planner.measured import Measurements, Scale, Timed, calibration
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,29 +357,6 @@ class Replanner:
         if a.layout:
             out["layout"] = {b: n for (b, _), n in zip(self.shape.buckets, a.layout, strict=True)}
         return out | _times(p)
-
-
-@dataclass(frozen=True, slots=True)
-class Timed:
-    """A plan's times after calibration to this run's measurements."""
-
-    t_train: float
-    t_rollout: float
-
-    @property
-    def t_iter(self) -> float:
-        return max(self.t_train, self.t_rollout)  # asynchronous RL
-
-    @classmethod
-    def of(cls, p: Plan, scale: tuple[float, float]) -> Timed:
-        return cls(p.t_train * scale[0], p.t_rollout * scale[1])
-
-
-def calibration(plan: Plan, signals: Signals) -> Scale:
-    """(train, rollout) factors measured / modelled of the assignment that ran this
-    step (`plan`: the model's times for it on this step's workload). 1.0 where nothing
-    was measured."""
-    return ratio(signals.train_s, plan.t_train), ratio(signals.rollout_s, plan.t_rollout)
 
 
 def _s(x: float | None) -> str:

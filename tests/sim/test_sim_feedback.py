@@ -4,15 +4,26 @@
   bucket had room) is not moved back down: the policy is told the bucket it routed the
   episode to, as a live engine would tell it, so it never prices a re-prefill "down" from
   a bucket it did not choose.
+- The replanner predicts each layout with the factors (measured / modelled) that layout
+  measured, and moves to the best uniform-TP plan when the heterogeneous plan measured
+  slower than its model says; a change that measured slower than the layout it replaced
+  is reverted.
 """
 
 from __future__ import annotations
 
-from libra.planner import instance_cost, load_hardware, load_model
+from libra.planner import instance_cost, load_hardware, load_model, plan
+from libra.planner.measured import Timed
 from libra.routing import Bucket, EpisodeState
+from libra.sim.cluster import Simulation
+from libra.sim.config import SimConfig
+from libra.sim.control import Replanner
 from libra.sim.episodes import Episode
 from libra.sim.fleet import Fleet
+from libra.sim.layout import Env, Layout
 from libra.sim.loop import Loop
+from libra.sim.runner import build_env
+from libra.sim.systems import SYSTEMS
 
 MODEL, HW = load_model("qwen3-14b"), load_hardware("a800-80g")
 SMALL, LARGE = Bucket("tp1", 1, 8_000), Bucket("tp8", 8, 40_960)
@@ -84,3 +95,54 @@ def test_the_policy_still_moves_an_episode_up():
     loop.run(lambda: len(done) >= 1)
     assert policy.told[0] == SMALL.name
     assert fleet.moves["policy"] == 1
+
+
+def layouts(env: Env) -> tuple[Layout, Layout]:
+    stats = env.stats(0)
+    return env.planned(stats, hetero=True, step=0), env.planned(stats, hetero=False, step=0)
+
+
+def test_the_replanner_leaves_a_plan_that_measured_slower_than_modelled():
+    """dapo-math on 48 GPUs: C-MLFQ's rollout on the planner's heterogeneous plan
+    measures well above the model (which assumes every length on its ideal instance
+    type); the calibrated prediction moves Libra to the uniform-TP plan."""
+    env = build_env(SimConfig(workload="dapo-math", gpus=48, steps=4, seed=0))
+    hetero, uniform = layouts(env)
+    assert len(hetero.mix) > 1 and len(uniform.mix) == 1
+    sim = Simulation(SYSTEMS["libra-cmlfq"], env)
+    sim.run()
+    ctl = sim.controller
+    assert isinstance(ctl, Replanner)
+    assert Replanner.key(sim.layout) == Replanner.key(uniform)
+    first = sim.decisions[0]
+    assert first["apply"] and first["candidate"]["rollout"] == uniform.describe()["rollout"]
+    assert first["calibration"]["rollout"] > 1.1  # measured well above the model
+
+
+def test_a_change_that_measured_slower_is_reverted(monkeypatch):
+    """The candidate the replanner moves to is made to measure slower than the layout it
+    left (a uniform plan on half the cluster, its model flattered 3x until it has run):
+    once it has run a step wholly, the replanner moves back (a revert)."""
+    env = build_env(SimConfig(workload="dapo-math", gpus=48, steps=8, seed=0))
+    hetero = env.planned(env.stats(0), hetero=True, step=0)
+    half = Layout.of_plan(plan(MODEL, HW, env.stats(0), 24), env.max_context)
+    real_planned, real_timed = Env.planned, Replanner.timed
+
+    def planned(self, stats, *, hetero, step=None):
+        return real_planned(self, stats, hetero=True, step=step) if hetero else half
+
+    def timed(self, layout, modelled, step_scale):
+        t = real_timed(self, layout, modelled, step_scale)
+        if Replanner.key(layout) == Replanner.key(half) and self.calib.own(self.key(half)) is None:
+            return Timed(t.t_train / 3, t.t_rollout / 3)
+        return t
+
+    monkeypatch.setattr(Env, "planned", planned)
+    monkeypatch.setattr(Replanner, "timed", timed)
+    sim = Simulation(SYSTEMS["libra-cmlfq"], env, layout=hetero)
+    sim.run()
+    applied = [d for d in sim.decisions if d["apply"]]
+    assert len(applied) == 2, sim.decisions
+    assert applied[0]["candidate"]["rollout"] == half.describe()["rollout"]
+    assert applied[1].get("revert") and applied[1]["trigger"] in ("check", "imbalance")
+    assert Replanner.key(sim.layout) == Replanner.key(hetero)
