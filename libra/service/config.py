@@ -3,6 +3,7 @@ validated body of a submit request."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal
 
@@ -90,7 +91,8 @@ class ServiceConfig(Config):
     weights_dirs: list[str] = Field(default_factory=list)
     """Folders `POST /v1/weights` may load checkpoints from (a request's path must be
     absolute and inside one, links resolved). Empty: any folder while the service binds
-    only loopback; none once it is reachable from other hosts."""
+    only loopback; none once it is reachable from other hosts. Relative entries are taken
+    from the directory the service starts in."""
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
     max_request_mb: float = Field(64.0, gt=0)
     """Largest request body accepted (a submit carries its tasks inline)."""
@@ -99,6 +101,11 @@ class ServiceConfig(Config):
     that no single parse holds the event loop up (docs/service.md)."""
     max_episodes_per_batch: int = Field(100_000, ge=1)
     """Largest batch (tasks x group_size) one submit may ask for."""
+
+    @field_validator("weights_dirs")
+    @classmethod
+    def _absolute(cls, dirs: list[str]) -> list[str]:
+        return [os.path.abspath(os.path.expanduser(d)) for d in dirs]
 
 
 class SubmitRequest(Config):
