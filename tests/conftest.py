@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -74,6 +75,25 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"{url} did not come up in {timeout} s")
+
+
+@contextlib.contextmanager
+def serve_engine(model: Path, timeout: float = 60.0) -> Iterator[str]:
+    """A real `libra serve-engine` for `model` on a free loopback port; yields its URL
+    once `/health` answers, and stops it at the end."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "libra", "serve-engine", "--model", str(model),
+         "--port", str(port)],
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", timeout=timeout)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -13,15 +13,13 @@ continuations for it and for the seed-1 checkpoint (the weight-update target).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, need, wait_http
+from tests.conftest import ROOT, free_port, need, serve_engine
 
 WITH_VLLM = os.environ.get("LIBRA_TEST_VLLM") == "1"
 ENGINES = ["embedded"] + (["vllm-tp1", "vllm-tp2"] if WITH_VLLM else [])
@@ -66,19 +64,8 @@ def reference(tiny_model: Path, tiny_model_s1: Path) -> dict[str, list[list[int]
 
 @pytest.fixture(scope="session")
 def embedded_engine(tiny_model: Path) -> Iterator[Engine]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "libra", "serve-engine", "--model", str(tiny_model),
-         "--port", str(port)],
-        cwd=ROOT,
-    )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", timeout=60)
+    with serve_engine(tiny_model, timeout=60) as url:
         yield Engine("embedded", "embedded", url, str(tiny_model))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from libra.planner import decode_step_time, load_hardware, load_model
-from tests.conftest import ROOT, free_port, wait_http
+from tests.conftest import ROOT, free_port, serve_engine
 
 # The grid the tiny model on 2 shared cores is profiled on: 20 rounds of 32-token
 # decode requests, each point's first quartile kept (docs/benchmarks.md has the figures
@@ -55,19 +55,8 @@ def check_held_out(doc: dict[str, Any], out: Path, model_dir: Path) -> dict[str,
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "libra", "serve-engine", "--model", str(tiny_model),
-         "--port", str(port)],
-        cwd=ROOT,
-    )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", timeout=60)
+    with serve_engine(tiny_model, timeout=60) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.slow

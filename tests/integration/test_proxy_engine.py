@@ -4,8 +4,6 @@ native `search-qa` env on the same tasks and seeds."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from libra.chat import ChatTokenizer
 from libra.endpoints.config import BucketConfig
 from libra.record import read_jsonl
 from libra.rollout import rollout
-from tests.conftest import ROOT, free_port, wait_http
+from tests.conftest import ROOT, serve_engine
 from tests.integration.test_rollout import cfg
 
 EXAMPLE = ROOT / "examples" / "openai_agent.py"
@@ -26,19 +24,8 @@ EXAMPLE = ROOT / "examples" / "openai_agent.py"
 
 @pytest.fixture
 def engine(tiny_model: Path) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "libra", "serve-engine", "--model", str(tiny_model),
-         "--port", str(port)],
-        cwd=ROOT,
-    )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", timeout=120)
+    with serve_engine(tiny_model, timeout=120) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 async def test_example_agent_on_the_embedded_engine_matches_native(
