@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from libra.cli.common import add_fleet_flags, apply_bucket_flags, fleet_overrides
@@ -60,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     from libra import config as cfgmod
     from libra.rollout.run import run_sync
-    from libra.service.config import EnvEntry, ServiceConfig
+    from libra.service.config import EnvEntry, ServiceConfig, absolute_dirs
     from libra.service.server import announce, serve, token_from_env
 
     logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
@@ -83,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             entries.append(EnvEntry(spec=spec, name=name) if sep else EnvEntry(spec=item))
         cfg.envs = [*cfg.envs, *entries]
     if args.weights_dir:
-        cfg.weights_dirs = [*cfg.weights_dirs, *(os.path.abspath(d) for d in args.weights_dir)]
+        cfg.weights_dirs = [*cfg.weights_dirs, *absolute_dirs(args.weights_dir)]
     apply_bucket_flags(cfg, args)
     run_sync(serve(cfg, ready=announce))
     return 0

@@ -105,7 +105,12 @@ class ServiceConfig(Config):
     @field_validator("weights_dirs")
     @classmethod
     def _absolute(cls, dirs: list[str]) -> list[str]:
-        return [os.path.abspath(os.path.expanduser(d)) for d in dirs]
+        return absolute_dirs(dirs)
+
+
+def absolute_dirs(dirs: list[str]) -> list[str]:
+    """Folders as absolute paths, relative ones taken from the current directory."""
+    return [os.path.abspath(os.path.expanduser(d)) for d in dirs]
 
 
 class SubmitRequest(Config):
@@ -155,4 +160,5 @@ __all__ = [
     "SpoolConfig",
     "SubmitRequest",
     "WeightsRequest",
+    "absolute_dirs",
 ]
