@@ -58,13 +58,19 @@ def prestart() -> None:
     start_threads(pool(), THREADS)
 
 
-def start_threads(executor: ThreadPoolExecutor, n: int, timeout_s: float = 30.0) -> None:
+def start_threads(
+    executor: ThreadPoolExecutor,
+    n: int,
+    timeout_s: float = 30.0,
+    then: Callable[[], Any] | None = None,
+) -> None:
     """Make `executor` start `n` worker threads now (blocking). A ThreadPoolExecutor starts
     a thread inside `submit`, and `Thread.start` waits until the new thread has run: with
     busy threads holding the GIL (a tokenizer rendering a 10 MB tool return) one start
     held the event loop for up to 100 ms, the user-code pool's first 32 calls 0.7 s in
     all. `n` jobs that wait for each other need `n` threads at once. Gives up quietly
-    after `timeout_s` (threads busy with other work)."""
+    after `timeout_s` (threads busy with other work). `then`, if given, runs once in
+    each of the `n` threads after they met (per-thread set-up)."""
     barrier = threading.Barrier(n)
 
     def meet() -> None:
@@ -72,6 +78,8 @@ def start_threads(executor: ThreadPoolExecutor, n: int, timeout_s: float = 30.0)
             barrier.wait(timeout_s)
         except threading.BrokenBarrierError:
             pass
+        if then is not None:
+            then()
 
     for job in [executor.submit(meet) for _ in range(n)]:
         job.result()

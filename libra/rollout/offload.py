@@ -68,10 +68,7 @@ class Offload:
         (`libra.usercode.start_threads` says why a start on the loop costs)."""
         with self._warm_lock:
             if not self._warmed:
-                start_threads(self._pool, self.threads)
-                jobs = [self._pool.submit(self._job, lambda t: t) for _ in range(self.threads)]
-                for job in jobs:
-                    job.result()
+                start_threads(self._pool, self.threads, then=self._own)
                 self._warmed = True
 
 
