@@ -49,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--num-tasks", type=int, metavar="N", help="use only the first N tasks (N >= 1)")
     p.add_argument("--group-size", type=int, help="samples per task (GRPO G)")
     p.add_argument("--concurrency", type=int, help="episodes in flight")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes that run episodes, each with its own event loop "
+                   "(default 1: this process)")  # fmt: skip
     p.add_argument(
         "--out", help="JSONL file the records are appended to (default runs/rollout.jsonl)"
     )
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         "num_tasks": args.num_tasks,
         "group_size": args.group_size,
         "concurrency": args.concurrency,
+        "workers": args.workers,
         "out": args.out,
         "batch_id": args.batch_id,
         "sampling.seed": args.seed,

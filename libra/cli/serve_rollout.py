@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         "registered env)",
     )
     p.add_argument("--concurrency", type=int, help="episodes in flight across all batches")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes that run episodes, each with its own event loop, behind "
+                   "the one API and spool (default 1: this process)")  # fmt: skip
     add_fleet_flags(p)
     p.add_argument("--endpoint-kind", choices=["auto", "embedded", "vllm"],
                    help="how POST /v1/weights loads checkpoints (default auto)")  # fmt: skip
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "concurrency": args.concurrency,
+        "workers": args.workers,
         "endpoint_kind": args.endpoint_kind,
         "spool.dir": args.spool,
         "spool.fsync": args.fsync,

@@ -53,6 +53,10 @@ class RolloutConfig(Config):
     """Samples per task (GRPO group size G)."""
     concurrency: int = Field(64, ge=1)
     """Episodes in flight at once; more wait for admission (backpressure)."""
+    workers: int = Field(1, ge=1, le=256)
+    """Processes that run the episodes, each with its own event loop (one loop tops out
+    near 1,000 turns/s). 1: this process. N > 1: N rollout workers (`libra.rollout.
+    workers`); this process admits episodes and writes the records."""
     out: str = "runs/rollout.jsonl"
     """Where records go, one per line, appended as each episode finishes."""
     batch_id: str | None = None

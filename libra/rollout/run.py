@@ -13,6 +13,7 @@ from typing import Any
 
 from libra import registry, usercode
 from libra.chat import ChatTokenizer
+from libra.endpoints.pool import EndpointPool
 from libra.env import Env
 from libra.errors import ConfigError
 from libra.proxy.agent import AgentEnv, as_agent
@@ -21,10 +22,11 @@ from libra.rollout.batch import Runner, run_episodes
 from libra.rollout.config import RolloutConfig
 from libra.rollout.episode import EpisodeRunner
 from libra.rollout.offload import offload
-from libra.rollout.serving import open_pool, resolve_model, resolve_serving
+from libra.rollout.serving import Serving, open_pool, resolve_model, resolve_serving
 from libra.rollout.sink import JsonlSink, Progress, Stats
 from libra.rollout.tasks import episode_specs, load_tasks
-from libra.routing.base import Bucket, RoutingPolicy
+from libra.rollout.wire import RawRecord
+from libra.routing.base import Bucket, RoutingPolicy, StaticPolicy
 
 
 def load_env(spec: str, options: dict[str, Any]) -> Env:
@@ -109,11 +111,12 @@ async def rollout(
     sink = JsonlSink(config.out)
     bar = Progress(stats) if progress else None
 
-    def emit(record: Trajectory) -> None:
+    def emit(record: Trajectory | RawRecord) -> None:
         sink(record)
         stats.add(record)
-        if on_record is not None:
-            on_record(record)
+        if on_record is not None:  # a worker's record is parsed only for a caller's hook
+            on_record(record if isinstance(record, Trajectory) else Trajectory.from_json(
+                record.to_json()))  # fmt: skip
         if bar is not None:
             bar(record)
 
@@ -121,18 +124,22 @@ async def rollout(
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(env.close)  # runs last: after engines and pool stop
             pool = await stack.enter_async_context(open_pool(serving, config.endpoint))
-            runner = await stack.enter_async_context(
-                episode_runner(
-                    env,
-                    env_name=config.env,
-                    tokenizer=serving.tokenizer,
-                    pool=pool,
-                    policy=policy,
-                    sampling=config.sampling,
-                    limits=config.limits,
-                    max_context=serving.max_context,
+            if config.workers > 1:
+                runner = await _worker_runner(stack, config, serving, pool, batch_id)
+                policy = runner.policy
+            else:
+                runner = await stack.enter_async_context(
+                    episode_runner(
+                        env,
+                        env_name=config.env,
+                        tokenizer=serving.tokenizer,
+                        pool=pool,
+                        policy=policy,
+                        sampling=config.sampling,
+                        limits=config.limits,
+                        max_context=serving.max_context,
+                    )
                 )
-            )
             stats.t0 = stats.clock()
             await run_episodes(runner, specs, concurrency=config.concurrency, emit=emit)
             await finish_step(policy, config.step)
@@ -141,6 +148,42 @@ async def rollout(
     summary = stats.summary()
     summary.update(batch_id=batch_id, out=str(config.out), env=config.env, policy=config.policy)
     return summary
+
+
+async def _worker_runner(
+    stack: contextlib.AsyncExitStack,
+    config: RolloutConfig,
+    serving: Serving,
+    pool: EndpointPool,
+    batch_id: str,
+) -> Runner:
+    """`config.workers` rollout workers over `pool`'s endpoints, and the batch's runner
+    on them (its records are `RawRecord`s: the sink writes them as they came)."""
+    from libra.rollout.worker import HostedEnv, WorkerInit
+    from libra.rollout.workers import BatchInfo, WorkerPool, split_limits, worker_buckets
+
+    if config.routing.get("tree_path"):
+        raise ConfigError(
+            "routing.tree_path with workers > 1: the tree would not be saved; "
+            "run with one worker to keep the tree across runs"
+        )
+
+    def init() -> WorkerInit:
+        return WorkerInit(
+            model=str(serving.model_dir),
+            max_context=serving.max_context,
+            buckets=worker_buckets(pool),
+            endpoint=split_limits(config.endpoint, config.workers),
+            limits=config.limits,
+            envs=[HostedEnv(name=config.env, spec=config.env, options=config.env_options)],
+            policy=config.policy,
+            routing=config.routing,
+            versions={e.url: e.version for e in pool.endpoints()},
+        )
+
+    workers = await stack.enter_async_context(WorkerPool(config.workers, init))
+    info = BatchInfo(batch_id, config.env, config.sampling.model_dump(mode="json"))
+    return workers.runner(info, StaticPolicy(serving.buckets))
 
 
 GC_THRESHOLDS = (700, 10, 1000)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from libra.record import Trajectory
+from libra.rollout.wire import RawRecord, facts_of
 
 
 class JsonlSink:
@@ -22,7 +23,7 @@ class JsonlSink:
         self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
         self.fsync = fsync
 
-    def __call__(self, record: Trajectory) -> None:
+    def __call__(self, record: Trajectory | RawRecord) -> None:
         self._f.write(record.to_json() + b"\n")
         self._f.flush()
         if self.fsync:
@@ -48,16 +49,18 @@ class Stats:
         self.tool_calls = 0
         self.tool_errors = 0
 
-    def add(self, r: Trajectory) -> None:
+    def add(self, r: Trajectory | RawRecord) -> None:
+        status, model_tokens, total_tokens, reward, reasons, calls, errors = (
+            r.facts if isinstance(r, RawRecord) else facts_of(r)
+        )
         self.done += 1
-        self.status[r.status] += 1
-        self.model_tokens += r.model_tokens
-        self.total_tokens += r.total_tokens
-        self.reward_sum += r.reward
-        self.migrations += len(r.migrations)
-        for t in r.turns:
-            self.tool_calls += len(t.tool_returns)
-            self.tool_errors += sum(tr.status != "ok" for tr in t.tool_returns)
+        self.status[status] += 1
+        self.model_tokens += model_tokens
+        self.total_tokens += total_tokens
+        self.reward_sum += reward
+        self.migrations += len(reasons)
+        self.tool_calls += calls
+        self.tool_errors += sum(errors.values())
 
     def summary(self) -> dict[str, Any]:
         wall = max(self.clock() - self.t0, 1e-9)
@@ -84,7 +87,7 @@ class Progress:
         self.tty = self.stream.isatty()
         self._last = 0.0
 
-    def __call__(self, record: Trajectory) -> None:
+    def __call__(self, record: Trajectory | RawRecord) -> None:
         now = self.stats.clock()
         if now - self._last >= (0.25 if self.tty else 10.0) or self.stats.done == self.stats.total:
             self._last = now

@@ -181,6 +181,8 @@ async def weights(request: web.Request) -> web.StreamResponse:
         for r in results.values():
             manager.metrics.weight_updates[r["status"]] += 1
         if ok:
+            if manager.workers is not None:
+                manager.workers.set_version(req.version, ok)
             await asyncio.to_thread(manager.set_version, req.version)
     doc = {"version": req.version, "path": req.path, "endpoints": results}
     if len(ok) < len(results):

@@ -69,6 +69,11 @@ class ServiceConfig(Config):
     loaded on first use; paths (`file.py:Class`) must be listed here."""
     concurrency: int = Field(64, ge=1)
     """Episodes in flight across all batches; the rest wait, admitted fairly."""
+    workers: int = Field(1, ge=1, le=256)
+    """Processes that run episodes, each with its own event loop (one event loop tops
+    out near 1,000 turns/s). 1: this process runs them. N > 1: N rollout workers behind
+    this process's one HTTP API and spool, restarted when one dies (its running episodes
+    run again); docs/service.md "Rollout workers"."""
     policy: str = "static"
     """Routing policy (`static`, or one registered in `libra.routing`); one instance per
     env, shared by that env's batches."""

@@ -49,6 +49,10 @@ class EnvHost:
     def names(self) -> list[str]:
         return sorted(self._specs)
 
+    def entries(self) -> list[EnvEntry]:
+        """Every env this service hosts, as configured (or registered, when lazy)."""
+        return list(self._specs.values())
+
     def get(self, name: str) -> Env:
         if name not in self._specs:
             raise RequestError(

@@ -36,6 +36,9 @@ from libra.proxy.agent import AgentEnv
 from libra.record import Trajectory
 from libra.rollout.episode import EpisodeSpec
 from libra.rollout.run import episode_runner
+from libra.rollout.wire import RawRecord
+from libra.rollout.workers import BatchInfo, WorkerPool
+from libra.routing.base import StaticPolicy
 from libra.service.batch import Batch, check_tasks, specs_for, submit_digest
 from libra.service.config import ServiceConfig, SubmitRequest
 from libra.service.envs import EnvHost
@@ -65,6 +68,7 @@ class BatchManager:
         tokenizer: ChatTokenizer,
         max_context: int,
         envs: EnvHost,
+        workers: WorkerPool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config
@@ -72,6 +76,9 @@ class BatchManager:
         self.tok = tokenizer
         self.max_context = max_context
         self.envs = envs
+        self.workers = workers
+        """Rollout worker processes that run the episodes (`--workers N`), or None: they
+        run on this event loop."""
         self.clock = clock
         self.root = Path(config.spool.dir)
         self.fair: FairQueue[EpisodeSpec] = FairQueue()
@@ -169,6 +176,10 @@ class BatchManager:
         """The batch's runner (`episode_runner`: an EpisodeRunner for a libra.Env, an
         AgentRunner with its proxy for an agent function), kept open until it completes."""
         doc = batch.doc
+        if self.workers is not None:  # the workers open theirs (libra.rollout.worker)
+            info = BatchInfo(batch.id, doc["env"], doc["sampling"])
+            batch.runner = self.workers.runner(info, StaticPolicy(self.pool.buckets))
+            return
         stack = contextlib.AsyncExitStack()
         batch.runner = await stack.enter_async_context(
             episode_runner(
@@ -185,6 +196,8 @@ class BatchManager:
         batch.stack = stack
 
     async def _stop_runner(self, batch: Batch) -> None:
+        if self.workers is not None and batch.runner is not None:
+            self.workers.end_batch(batch.id)
         stack, batch.stack, batch.runner = batch.stack, None, None
         if stack is not None:
             try:
@@ -344,7 +357,7 @@ class BatchManager:
             task.add_done_callback(functools.partial(self._episode_done, batch, spec))
 
     async def _episode(self, batch: Batch, spec: EpisodeSpec, waited: float) -> None:
-        def on_abort(record: Trajectory) -> None:
+        def on_abort(record: Trajectory | RawRecord) -> None:
             if batch.state == "cancelled":  # else the service is stopping: run it again later
                 self._finish(batch, record)
 
@@ -367,10 +380,10 @@ class BatchManager:
         if task.cancelled() and batch.state == "cancelled" and spec.id not in batch.spool.ids:
             self._finish(batch, batch.aborted(spec, "cancelled before it started"))
 
-    def _finish(self, batch: Batch, record: Trajectory) -> None:
+    def _finish(self, batch: Batch, record: Trajectory | RawRecord) -> None:
         self._finish_many(batch, [record])
 
-    def _finish_many(self, batch: Batch, records: list[Trajectory]) -> None:
+    def _finish_many(self, batch: Batch, records: list[Trajectory | RawRecord]) -> None:
         fresh = []
         for record in records:
             if record.id in batch.spool.ids:
@@ -379,7 +392,9 @@ class BatchManager:
                 fresh.append(record)
         batch.spool.extend(fresh)
         self.syncer.touched(batch.spool)
-        policy = self.envs.policy(batch.doc["env"]) if batch.runnable else None
+        # With workers, theirs route and learn (each from every record: `WorkerPool`).
+        learns = batch.runnable and self.workers is None
+        policy = self.envs.policy(batch.doc["env"]) if learns else None
         for record in fresh:
             self.metrics.add(record)
             if policy is not None:

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from libra.record import Trajectory
+from libra.rollout.wire import RawRecord, facts_of
 
 if TYPE_CHECKING:
     from libra.endpoints.pool import EndpointPool
@@ -32,19 +33,18 @@ class Metrics:
         self.tool_errors: Counter[str] = Counter()
         self.weight_updates: Counter[str] = Counter()
 
-    def add(self, r: Trajectory) -> None:
-        self.episodes[r.status] += 1
-        self.model_tokens += r.model_tokens
-        self.total_tokens += r.total_tokens
-        for m in r.migrations:
-            self.migrations[
-                m.reason if m.reason in ("overflow", "endpoint-down") else "policy"
-            ] += 1
-        for t in r.turns:
-            self.tool_calls += len(t.tool_returns)
-            for tr in t.tool_returns:
-                if tr.status != "ok":
-                    self.tool_errors[tr.status] += 1
+    def add(self, r: Trajectory | RawRecord) -> None:
+        status, model_tokens, total_tokens, _, reasons, calls, errors = (
+            r.facts if isinstance(r, RawRecord) else facts_of(r)
+        )
+        self.episodes[status] += 1
+        self.model_tokens += model_tokens
+        self.total_tokens += total_tokens
+        for reason in reasons:
+            self.migrations[reason if reason in ("overflow", "endpoint-down") else "policy"] += 1
+        self.tool_calls += calls
+        for s, n in errors.items():
+            self.tool_errors[s] += n
 
 
 Samples = list[tuple[dict[str, str], float]]

@@ -22,8 +22,11 @@ from collections.abc import Callable
 from aiohttp import web
 
 from libra.auth import is_loopback
+from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError
-from libra.rollout.serving import open_pool, resolve_serving
+from libra.rollout.serving import Serving, open_pool, resolve_serving
+from libra.rollout.worker import HostedEnv, WorkerInit
+from libra.rollout.workers import WorkerPool, split_limits, worker_buckets
 from libra.service.app import build_app
 from libra.service.config import ServiceConfig
 from libra.service.envs import EnvHost
@@ -97,6 +100,10 @@ async def _serve(
             envs=envs,
         )
         manager.recover(kept_urls=serving.configured_urls)
+        if config.workers > 1:  # after recover: a worker starts with the weight versions
+            manager.workers = await stack.enter_async_context(
+                WorkerPool(config.workers, lambda: worker_init(config, serving, envs, pool))
+            )
         # Short shutdown timeout: open streams wait on the spool and would hold a stop up.
         app = build_app(manager, pool, config)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -112,6 +119,8 @@ async def _serve(
                 await stop.wait()
                 await runner.cleanup()  # no new requests; open streams are cut
                 running = manager.fair.running()
+                if manager.workers is not None:
+                    manager.workers.begin_close()
                 work.cancel()
             print(
                 f"libra serve-rollout: stopped; {running} running episodes were interrupted "
@@ -120,6 +129,25 @@ async def _serve(
             )  # fmt: skip
         finally:
             await runner.cleanup()
+
+
+def worker_init(
+    config: ServiceConfig, serving: Serving, envs: EnvHost, pool: EndpointPool
+) -> WorkerInit:
+    """What a rollout worker of this service starts with (`--workers N`): every endpoint
+    of the pool (launched engines included) at its weight version now, its share of the
+    endpoint limits, the hosted envs."""
+    return WorkerInit(
+        model=str(serving.model_dir),
+        max_context=serving.max_context,
+        buckets=worker_buckets(pool),
+        endpoint=split_limits(config.endpoint, config.workers),
+        limits=config.limits,
+        envs=[HostedEnv(name=e.key, spec=e.spec, options=e.options) for e in envs.entries()],
+        policy=config.policy,
+        routing=config.routing,
+        versions={e.url: e.version for e in pool.endpoints()},
+    )
 
 
 def announce(url: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import orjson
 
 from libra.errors import LibraError
 from libra.record import Trajectory
+from libra.rollout.wire import RawRecord
 
 
 class SpoolCorrupt(LibraError):
@@ -80,13 +82,14 @@ class Spool:
     def written(self) -> int:
         return len(self.ends)
 
-    def append(self, record: Trajectory) -> int:
+    def append(self, record: Trajectory | RawRecord) -> int:
         """Append `record` with the next seq (set on the record); returns the seq."""
         self.extend([record])
         return record.seq
 
-    def extend(self, records: list[Trajectory]) -> None:
-        """Append `records` in order with the next seqs, in one write."""
+    def extend(self, records: Sequence[Trajectory | RawRecord]) -> None:
+        """Append `records` in order with the next seqs, in one write (a `RawRecord`,
+        from a rollout worker, is written as it came with its seq spliced in)."""
         if not records:
             return
         lines = []

@@ -150,11 +150,14 @@ def test_bad_start_is_one_clear_line(
     assert line.startswith("libra: error:") and message.replace("{busy}", port) in line, line
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_groups_cursor_cancel_slow_reader_and_fairness(
-    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service], workers: int
 ) -> None:
+    """Also with `--workers 2` (#22): episodes run in two worker processes, and a client
+    sees the same."""
     url, _ = spawn_fake(delay=0.05)
-    svc = Service(tmp_path, tiny_model, [url], "--concurrency", "4")
+    svc = Service(tmp_path, tiny_model, [url], "--concurrency", "4", "--workers", str(workers))
     services.append(svc)
     base = svc.start()
     async with AsyncClient(base) as c:

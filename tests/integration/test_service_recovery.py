@@ -1,12 +1,15 @@
 """The issue's must-show: `libra serve-rollout` in a subprocess with two endpoints; a
 client submits 200 episodes; one endpoint is killed mid-batch; the service is killed
 (SIGKILL) and restarted once mid-batch; the client receives every record exactly once,
-resuming by cursor, and the batch completes. Only the model is faked (tests/fakes)."""
+resuming by cursor, and the batch completes. With `--workers 2` (#22) a rollout worker
+is killed mid-batch too. Only the model is faked (tests/fakes)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +32,20 @@ def services() -> Iterator[list[Service]]:
         s.close()
 
 
+def worker_pids(log: str) -> dict[int, int]:
+    """Rollout workers the service said it started: {worker: pid}, the last of each."""
+    found = re.findall(r"rollout worker (\d+) started \(pid (\d+)\)", log)
+    return {int(w): int(pid) for w, pid in found}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_kill_endpoint_and_service_mid_batch_loses_and_repeats_nothing(
-    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service], workers: int
 ) -> None:
     url1, fake1 = spawn_fake(delay=0.05)
     url2, _ = spawn_fake(delay=0.05)
-    svc = Service(tmp_path, tiny_model, [url1, url2], "--token", TOKEN, "--concurrency", "16")
+    svc = Service(tmp_path, tiny_model, [url1, url2], "--token", TOKEN, "--concurrency", "16",
+                  "--workers", str(workers))  # fmt: skip
     services.append(svc)
     svc.start()
     tasks = make_tasks(50, seed=3)
@@ -48,6 +59,8 @@ async def test_kill_endpoint_and_service_mid_batch_loses_and_repeats_nothing(
             got.append((rec.seq, rec.id, rec.status, [t.endpoint for t in rec.turns]))
             if len(got) == 40:
                 fake1.kill()  # one endpoint dies mid-batch
+            if len(got) == 60 and workers > 1:
+                os.kill(worker_pids(svc.log())[1], signal.SIGKILL)  # so does a worker
             if len(got) == 100:
                 svc.kill()  # the service crashes mid-batch ...
                 await asyncio.to_thread(svc.start)  # ... and comes back on its spool
@@ -62,6 +75,10 @@ async def test_kill_endpoint_and_service_mid_batch_loses_and_repeats_nothing(
     # The restarted service found records of the batch and ran the rest again.
     m = re.search(r"resumed batch b200: (\d+) of 200 episodes to run again", svc.log(1))
     assert m and 0 < int(m.group(1)) <= 100, svc.log(1)  # 100 when nothing finished unread
+    if workers > 1:  # the killed worker was replaced; its episodes ran again
+        assert re.search(r"rollout worker 1 \(pid \d+\) exited with -9; its \d+ running "
+                         r"episodes run again", svc.log(0)), svc.log(0)  # fmt: skip
+        assert len(worker_pids(svc.log(1))) == 2
     # After the endpoint died, only the survivor served.
     assert {e for r in got[:30] for e in r[3]} == {url1, url2}
     assert {e for r in got[-60:] for e in r[3]} == {url2}
