@@ -8,8 +8,8 @@
 
 Cost model (docs/cost-model.md): `decode_step_time`, `prefill_time`,
 `kv_capacity_tokens`, `instance_cost` (vectorised per-step constants),
-`train_step_time`, `train_memory`. Search (docs/planner.md): `plan`, `solve_rollout`,
-`evaluate_rollout`, `best_train`, `evaluate_plan`. Replanning: `ReplanPolicy`,
+`train_step_time`, `train_memory`. Search (docs/planner.md): `plan`, `plan_colocated`,
+`solve_rollout`, `evaluate_rollout`, `best_train`, `evaluate_plan`. Replanning: `ReplanPolicy`,
 `reconfig_cost`. The `local` profile: `calibrate_local` (the one function that measures).
 """
 
@@ -51,7 +51,14 @@ from libra.planner.rollout_cost import (
     tp_supported,
 )
 from libra.planner.rollout_search import RolloutGroup, RolloutPlan
-from libra.planner.search import Plan, PlanInfeasible, iteration_time, plan, weight_sync_time
+from libra.planner.search import (
+    Plan,
+    PlanInfeasible,
+    iteration_time,
+    plan,
+    plan_colocated,
+    weight_sync_time,
+)
 from libra.planner.settings import PlannerSettings, RolloutSettings, TrainSettings
 from libra.planner.train_cost import (
     TrainConfig,
@@ -101,6 +108,7 @@ __all__ = [
     "load_hardware",
     "load_model",
     "plan",
+    "plan_colocated",
     "prefill_time",
     "reconfig_cost",
     "solve_rollout",

@@ -18,7 +18,7 @@ import numpy as np
 from libra.errors import ConfigError
 from libra.planner.profiles import HardwareProfile, ModelProfile
 from libra.planner.rollout_search import INFEASIBLE, RolloutPlan, RolloutProblem
-from libra.planner.search import Plan, weight_sync_time
+from libra.planner.search import Plan, colocated_settings, weight_sync_time
 from libra.planner.settings import PlannerSettings
 from libra.planner.train_cost import TrainConfig, TrainCost, TrainWorkload, train_step_time
 from libra.planner.train_search import TrainSearch
@@ -111,11 +111,13 @@ def evaluate_plan(
     stats: WorkloadStats,
     settings: PlannerSettings | None = None,
 ) -> Plan:
-    """`plan`'s configuration timed on `stats` (a fresh workload)."""
+    """`plan`'s configuration timed on `stats` (a fresh workload); a colocated plan's
+    rollout with `settings.colocated_memory`."""
     s = settings or PlannerSettings()
     train = evaluate_train(model, hw, stats, plan.train.config, s)
-    rollout = evaluate_rollout(model, hw, stats, plan.rollout.mix(), s)
-    tps = [g.tp for g in rollout.groups] or [1]
+    rs = colocated_settings(s) if plan.colocated else s
+    rollout = evaluate_rollout(model, hw, stats, plan.rollout.mix(), rs)
+    tps = [g.tp for g in rollout.groups if g.instances] or [1]
     return Plan(
         gpus=plan.gpus,
         model=plan.model,
@@ -125,6 +127,7 @@ def evaluate_plan(
         rollout=rollout,
         sync_s=weight_sync_time(model, hw, min(tps)),
         search={"reevaluated": True},
+        colocated=plan.colocated,
     )
 
 

@@ -24,6 +24,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from libra.planner.search import iteration_time, run_time
+
 if TYPE_CHECKING:
     from libra.planner.replan import Signals
     from libra.planner.search import Plan
@@ -104,14 +106,23 @@ class Timed:
 
     t_train: float
     t_rollout: float
+    t_sync: float = 0.0
+    """Weight sync, counted only when `sync`."""
+    sync: bool = False
+    """Rollout and training alternate (a synchronous or colocated plan): an iteration
+    costs their sum plus the weight sync; otherwise the slower of the two."""
 
     @property
     def t_iter(self) -> float:
-        return max(self.t_train, self.t_rollout)  # asynchronous RL
+        return iteration_time(self.t_rollout, self.t_train, self.t_sync, sync=self.sync)
+
+    def run_s(self, steps: int) -> float:
+        """Seconds for `steps` more iterations (`libra.planner.search.run_time`)."""
+        return run_time(self.t_rollout, self.t_train, self.t_sync, steps, sync=self.sync)
 
     @classmethod
     def of(cls, p: Plan, scale: tuple[float, float]) -> Timed:
-        return cls(p.t_train * scale[0], p.t_rollout * scale[1])
+        return cls(p.t_train * scale[0], p.t_rollout * scale[1], p.sync_s, p.sync)
 
 
 def calibration(plan: Plan, signals: Signals) -> Scale:

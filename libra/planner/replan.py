@@ -12,6 +12,11 @@ applied only when
    by `gain_cost_ratio`, and
 3. at least `cooldown_steps` have passed since the last applied change.
 
+Gains are counted over the remaining steps as each plan runs them (`Plan.run_s`): an
+overlapped (asynchronous) plan also pays the end of the pipeline it cannot overlap (the
+last batch's training), a time-shared one does not, so over a few remaining steps the two
+compare as they will run; per step, the gain is that total over the steps.
+
 Every `Decision` carries its numbers and a one-line reason; `as_dict()` is what goes in
 the decision log.
 """
@@ -64,6 +69,14 @@ class Signals:
 class HasIterationTime(Protocol):
     @property
     def t_iter(self) -> float: ...
+
+
+def _run_s(p: HasIterationTime, steps: int) -> float:
+    """`steps` more iterations of `p`: its `run_s` when it has one (a `Plan` or a
+    calibrated `Timed`: a pipelined plan also pays the end it cannot overlap), else
+    steps x t_iter."""
+    run = getattr(p, "run_s", None)
+    return float(run(steps)) if run is not None else steps * float(p.t_iter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +160,15 @@ class ReplanPolicy:
         c = self.config
         cost = reconfig.total_s if isinstance(reconfig, ReconfigCost) else float(reconfig)
         cur, cand = float(current.t_iter), float(candidate.t_iter)
-        per_step = cur - cand
-        gain = per_step * max(remaining_steps, 0)
+        n = max(remaining_steps, 0)
+        if math.isfinite(cur) and math.isfinite(cand) and n:
+            # Over the remaining steps, with the end a pipelined plan cannot overlap.
+            gain = _run_s(current, n) - _run_s(candidate, n)
+            per_step = gain / n
+            base = _run_s(current, n) / n
+        else:
+            per_step, base = cur - cand, cur
+            gain = per_step * n
 
         def verdict(apply: bool, reason: str) -> Decision:
             return Decision(
@@ -170,10 +190,10 @@ class ReplanPolicy:
             return verdict(True, "applied: the current plan cannot run this workload")
         if per_step <= 0 or math.isnan(per_step):
             return verdict(False, "kept: candidate is not faster")
-        if per_step < c.min_gain_fraction * cur:
+        if per_step < c.min_gain_fraction * base:
             return verdict(
                 False,
-                f"kept: gain {per_step / cur:.1%} per step is inside the "
+                f"kept: gain {per_step / base:.1%} per step is inside the "
                 f"{c.min_gain_fraction:.0%} hysteresis band",
             )
         if gain <= cost * c.gain_cost_ratio:
@@ -208,6 +228,9 @@ class _PlanShape(Protocol):
     @property
     def rollout(self) -> Any: ...
 
+    @property
+    def colocated(self) -> bool: ...
+
 
 def reconfig_cost(
     current: _PlanShape,
@@ -225,9 +248,13 @@ def reconfig_cost(
     stop after draining. Training: a TP/PP/EP change checkpoints and reloads the full
     state (weights, gradients' buffers and Adam, 16 bytes per parameter) over the network
     and restarts (`train_restart_s`); a change of data parallelism alone is an elastic
-    join or leave whose joiners fetch a snapshot in the background."""
+    join or leave whose joiners fetch a snapshot in the background. Moving into or out of
+    a colocated plan restarts every rollout engine of the candidate: its memory share
+    changes (`PlannerSettings.colocated_memory`)."""
     bw = hw.inter_node_bandwidth * hw.eff.comm
     cur_mix, new_mix = current.rollout.mix(), candidate.rollout.mix()
+    if current.colocated != candidate.colocated:
+        cur_mix = {}
     added = {tp: n - cur_mix.get(tp, 0) for tp, n in new_mix.items() if n > cur_mix.get(tp, 0)}
     new_gpus = sum(tp * n for tp, n in added.items())
     reload = max((model.weight_bytes / tp / bw for tp in added), default=0.0)

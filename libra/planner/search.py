@@ -53,6 +53,9 @@ class Plan:
     sync_s: float
     """Weight transfer to the rollout instances (counted only when `sync`)."""
     search: dict[str, Any] = field(default_factory=dict)
+    colocated: bool = False
+    """Time-shared: every GPU trains, then every GPU rolls out (`plan_colocated`); always
+    `sync`, so an iteration costs T_rollout + T_train + weight sync."""
 
     @property
     def t_train(self) -> float:
@@ -66,6 +69,10 @@ class Plan:
     def t_iter(self) -> float:
         return iteration_time(self.t_rollout, self.t_train, self.sync_s, sync=self.sync)
 
+    def run_s(self, steps: int) -> float:
+        """Predicted seconds for `steps` more iterations (`run_time`)."""
+        return run_time(self.t_rollout, self.t_train, self.sync_s, steps, sync=self.sync)
+
     @property
     def train_gpus(self) -> int:
         return self.train.config.gpus
@@ -76,14 +83,21 @@ class Plan:
 
     @property
     def idle_gpus(self) -> int:
+        if self.colocated:
+            return self.gpus - max(self.train_gpus, self.rollout_gpus)
         return self.gpus - self.train_gpus - self.rollout_gpus
+
+    @property
+    def mode(self) -> str:
+        """`async`, `sync` or `colocated`."""
+        return "colocated" if self.colocated else "sync" if self.sync else "async"
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpus": self.gpus,
             "model": self.model,
             "hardware": self.hardware,
-            "mode": "sync" if self.sync else "async",
+            "mode": self.mode,
             "t_iter_s": self.t_iter,
             "t_train_s": self.t_train,
             "t_rollout_s": self.t_rollout,
@@ -99,6 +113,20 @@ class Plan:
 
 def iteration_time(t_rollout: float, t_train: float, t_sync: float, *, sync: bool) -> float:
     return t_rollout + t_train + t_sync if sync else max(t_rollout, t_train)
+
+
+def run_time(t_rollout: float, t_train: float, t_sync: float, steps: int, *, sync: bool) -> float:
+    """Seconds for `steps` iterations to finish. Alternating (synchronous, colocated):
+    `steps` x t_iter. Overlapped (asynchronous): the pipeline holds rollout and training
+    of consecutive batches at once, so `steps` x max(T_rollout, T_train) plus the side
+    that is never overlapped at an end (the first batch's rollout before anything
+    trains, or the last batch's training after everything rolled out): + min(...). Over
+    a long run the term vanishes; over a few steps it is what a time-shared plan saves."""
+    if steps <= 0:
+        return 0.0
+    if sync:
+        return steps * (t_rollout + t_train + t_sync)
+    return steps * max(t_rollout, t_train) + min(t_rollout, t_train)
 
 
 def weight_sync_time(model: ModelProfile, hw: HardwareProfile, min_tp: int) -> float:
@@ -306,15 +334,85 @@ def plan(
     *,
     exhaustive: bool = False,
     clock: Callable[[], float] | None = None,
+    colocated: bool = False,
 ) -> Plan:
     """The plan minimising the iteration time of `stats` on `gpus` devices of `hw`.
     Raises `PlanInfeasible` (a `ConfigError`) naming what would be feasible. With a
-    `clock` (e.g. `time.perf_counter`), `plan.search["solve_s"]` is the time it took."""
+    `clock` (e.g. `time.perf_counter`), `plan.search["solve_s"]` is the time it took.
+    `colocated`: the time-shared plan (`plan_colocated`) is a candidate too, returned
+    when its iteration time is shorter (ties keep the disaggregated plan)."""
     if gpus < 2:
         raise PlanInfeasible(
             f"--gpus {gpus}: a plan needs at least 2 GPUs (one to train, one to roll out)"
         )
-    return _Search(model, hw, stats, gpus, settings or PlannerSettings(), exhaustive).run(clock)
+    s = settings or PlannerSettings()
+    best = _Search(model, hw, stats, gpus, s, exhaustive).run(clock)
+    if colocated:
+        try:
+            shared = plan_colocated(model, hw, stats, gpus, s)
+        except PlanInfeasible:
+            return best
+        if shared.t_iter < best.t_iter:
+            return shared
+    return best
 
 
-__all__ = ["Plan", "PlanInfeasible", "iteration_time", "plan", "weight_sync_time"]
+def colocated_settings(settings: PlannerSettings) -> PlannerSettings:
+    """`settings` with the rollout engine's memory share of a colocated plan
+    (`PlannerSettings.colocated_memory`)."""
+    rollout = settings.rollout.model_copy(
+        update={"gpu_memory_utilization": settings.colocated_memory}
+    )
+    return settings.model_copy(update={"rollout": rollout})
+
+
+def plan_colocated(
+    model: ModelProfile,
+    hw: HardwareProfile,
+    stats: WorkloadStats,
+    gpus: int,
+    settings: PlannerSettings | None = None,
+) -> Plan:
+    """The colocated (time-shared) plan: all `gpus` train (the fastest configuration on
+    them), then all roll out as the fastest instance mix of `settings.rollout.tp_sizes`
+    whose engines get `settings.colocated_memory` of each device beside the resident
+    training state; rollout and training alternate (synchronous), so an iteration costs
+    T_rollout + T_train + weight sync. Raises `PlanInfeasible` when either side does not
+    fit."""
+    s = settings or PlannerSettings()
+    rs = colocated_settings(s)
+    train = TrainSearch(model, hw, TrainWorkload.from_stats(stats), s.train).best(gpus)
+    if train is None:
+        raise PlanInfeasible(
+            f"{model.id} training does not fit on {gpus} x {hw.id}; no colocated plan"
+        )
+    roll = RolloutProblem(model, hw, stats, rs.rollout, rs.bins)
+    rollout = roll.solve(gpus) if roll.types else INFEASIBLE
+    if not math.isfinite(rollout.time_s) or not rollout.gpus:
+        raise PlanInfeasible(
+            f"{model.id} rollout with {s.colocated_memory:.0%} of each {hw.id}'s memory "
+            f"cannot serve the workload on {gpus} GPUs; no colocated plan"
+        )
+    return Plan(
+        gpus=gpus,
+        model=model.id,
+        hardware=hw.id,
+        sync=True,
+        train=train,
+        rollout=rollout,
+        sync_s=weight_sync_time(model, hw, min(g.tp for g in rollout.groups if g.instances)),
+        search={"bins": roll.nbins},
+        colocated=True,
+    )
+
+
+__all__ = [
+    "Plan",
+    "PlanInfeasible",
+    "colocated_settings",
+    "iteration_time",
+    "plan",
+    "plan_colocated",
+    "run_time",
+    "weight_sync_time",
+]

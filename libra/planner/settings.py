@@ -69,6 +69,11 @@ class PlannerSettings(Config):
     """Fewest GPUs training may get."""
     min_rollout_gpus: int = Field(1, ge=1)
     """Fewest GPUs rollout may get."""
+    colocated_memory: float = Field(0.5, gt=0.0, le=1.0)
+    """A colocated (time-shared) plan's rollout engines get this share of each device's
+    memory beside the resident training state (verl's `rollout.gpu_memory_utilization`
+    default); only `plan_colocated` and the colocated candidate of `plan(...,
+    colocated=True)` use it."""
 
 
 __all__ = ["PlannerSettings", "RolloutSettings", "TrainSettings"]

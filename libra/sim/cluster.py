@@ -11,7 +11,9 @@ also waits for the previous batch's rollout to finish. After each training step 
 system's controller may apply a new layout (`apply`): surplus instances are removed at
 once (their episodes re-prefill elsewhere), new ones start after `engine_start_s` plus
 their weight load, and the trainer switches configuration at its next step (a restart
-unless the change is an elastic data-parallel one).
+unless the change is an elastic data-parallel one). A move into or out of a time-shared
+(colocated) layout restarts every instance (the engines' memory share changes) and
+switches the staleness bound between 0 and `staleness`.
 """
 
 from __future__ import annotations
@@ -44,9 +46,7 @@ class Simulation:
         self.sync = spec.sync or layout.shared
         """Rollout and training alternate on the same GPUs (staleness 0)."""
         settings = env.colocated_settings if self.sync else env.settings
-        costs = {
-            tp: instance_cost(env.model, env.hw, tp, settings.rollout) for tp in env.tps(settings)
-        }
+        costs = self._costs(self.sync)
         self.fleet = Fleet(self.loop, costs, settings.rollout.max_num_seqs, self._episode_done)
         self.fleet.spill = cfg.dispatch == "spill"
         self.layout = layout
@@ -176,6 +176,16 @@ class Simulation:
         if self.pool is not None:
             self.pool.recall_all(now)
         self._route(layout, fleet.policy)
+        shared = self.spec.sync or layout.shared
+        if shared != self.sync:
+            # Into or out of time-sharing: every engine restarts with the other memory
+            # share (its KV capacity changes) and the staleness bound changes.
+            self.sync, self.k = shared, 0 if shared else env.cfg.staleness
+            fleet.costs = self._costs(shared)
+            if self._cost is not None:
+                self._cost.costs = fleet.costs
+            for inst in list(fleet.instances):
+                fleet.remove(inst)
         by_tp: dict[int, list[Instance]] = defaultdict(list)
         for inst in fleet.instances:
             by_tp[inst.tp].append(inst)
@@ -193,6 +203,14 @@ class Simulation:
         self.trainer.change(layout.train, now)
         self.layout = layout
         self.mark()
+
+    def _costs(self, sync: bool) -> dict[int, Any]:
+        """Instance costs per TP size; a time-shared layout's engines get less memory."""
+        env = self.env
+        settings = env.colocated_settings if sync else env.settings
+        return {
+            tp: instance_cost(env.model, env.hw, tp, settings.rollout) for tp in env.tps(settings)
+        }
 
     def _route(self, layout: Layout, old: Any) -> None:
         """Route over `layout`'s buckets with a fresh policy (keeping what C-MLFQ has

@@ -9,14 +9,20 @@
   the new count, the same uniform TP size); every change restarts the trainer.
 - `Replanner`: Libra and its ladder rungs. The real `ReplanPolicy` decides when to plan
   anew from the last batch's trajectories. The candidates are the planner's plan (or its
-  best uniform-TP plan), and for the heterogeneous rungs also the best uniform-TP plan:
-  the fallback a policy that can choose any static split must never lose to. Each is
+  best uniform-TP plan), for the heterogeneous rungs also the best uniform-TP plan, and
+  the best colocated (time-shared) uniform-TP plan (`plan_colocated`): the fallbacks a
+  policy that can choose any static split must never lose to. The first layout is the
+  candidate the model predicts fastest on the first batch, a heterogeneous plan excluded
+  unless routing is the oracle (no router places lengths before it has seen a batch,
+  and the plan's model assumes it does). A time-shared layout runs as the colocated
+  baselines do (`Simulation`: staleness 0, engines with less memory). Each is
   predicted as its modelled time on the fresh batch times the factors, measured /
   modelled, that its layout measured in the steps it ran wholly (`libra.planner.measured`,
   the live trainer's calibration); a layout that never ran borrows the training factor
   of the layout that ran last and the rollout factor of the last one routed over as many
   buckets (one bucket or several: routing is what a mix's rollout model leaves out), else
-  the model's. The fastest replaces the current layout only when `ReplanPolicy.decide`
+  for several buckets the last layout's (the model's own error, which routing adds to)
+  and for one the model's. The fastest replaces the current layout only when `ReplanPolicy.decide`
   says the gain over the remaining steps pays for the modelled reconfiguration cost; once
   a change has measured a settled step it is checked, and moved back from (a `revert`)
   when the layout it replaced measures faster.
@@ -24,9 +30,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
+from libra.errors import ConfigError
 from libra.planner import ReplanPolicy, Signals, evaluate_plan, reconfig_cost
 from libra.planner.measured import Measurements, Scale, Timed, calibration
 from libra.sim.layout import Layout
@@ -120,9 +128,39 @@ class Replanner(Fixed):
 
     @staticmethod
     def key(layout: Layout) -> Hashable:
-        """A layout's identity for its measurements: training configuration and mix."""
+        """A layout's identity for its measurements: training configuration, mix, and
+        whether it is time-shared."""
         c = layout.train
-        return (c.tp, c.pp, c.dp, c.ep, c.zero, tuple(sorted(layout.mix.items())))
+        return (c.tp, c.pp, c.dp, c.ep, c.zero, tuple(sorted(layout.mix.items())), layout.shared)
+
+    def options(self, stats: Any, step: int, *, first: bool = False) -> list[Layout]:
+        """The planner's candidates on a batch: its plan (heterogeneous for the
+        heterogeneous rungs), the best uniform-TP plan, and the best colocated
+        (time-shared) uniform-TP plan. `first` (nothing has run): no heterogeneous plan
+        unless routing is the oracle, since its model puts every length on the instance
+        type the plan assigned it, which no router can do before it has seen a batch."""
+        env = self.sim.env
+        hetero = self.spec.hetero and not (first and self.spec.routing != "oracle")
+        out = [env.planned(stats, hetero=hetero, step=step)]
+        if hetero:
+            out.append(env.planned(stats, hetero=False, step=step))
+        try:
+            out.append(env.planned(stats, hetero=False, step=step, colocated=True))
+        except ConfigError:
+            pass  # no colocated plan fits (training state or KV cache): not a candidate
+        return out
+
+    def initial_layout(self) -> Layout:
+        """The candidate (`options`, first) the cost model predicts to finish the run
+        soonest on the first batch (`Plan.run_s`: a pipelined plan also pays the end it
+        cannot overlap); ties keep the one listed first."""
+        options = self.options(self.sim.env.initial, 0, first=True)
+        steps = self.sim.env.cfg.steps
+
+        def run_s(layout: Layout) -> float:
+            return layout.plan.run_s(steps) if layout.plan is not None else math.inf
+
+        return min(options, key=run_s)
 
     def on_step_end(self, step: int) -> None:
         sim, env = self.sim, self.sim.env
@@ -137,7 +175,7 @@ class Replanner(Fixed):
         if sim.layout.plan is None:
             return
         stats = env.stats(step)
-        ran = evaluate_plan(sim.layout.plan, env.model, env.hw, stats)
+        ran = evaluate_plan(sim.layout.plan, env.model, env.hw, stats, env.settings)
         step_scale = calibration(ran, signals)
         settled = sim.released[step] >= self.settled_at and sim.t_start[step] >= self.settled_at
         if settled:
@@ -154,9 +192,7 @@ class Replanner(Fixed):
         if why is None or remaining <= 0:
             return
         self.unchecked = self.unchecked and not settled
-        options = [env.planned(stats, hetero=self.spec.hetero, step=step)]
-        if self.spec.hetero:
-            options.append(env.planned(stats, hetero=False, step=step))
+        options = self.options(stats, step)
         if self.previous is not None:
             options.append(self.previous)
         now = self.timed(sim.layout, ran, step_scale)
@@ -184,7 +220,8 @@ class Replanner(Fixed):
 
     def _model(self, layout: Layout, stats: Any) -> Any:
         assert layout.plan is not None
-        return evaluate_plan(layout.plan, self.sim.env.model, self.sim.env.hw, stats)
+        env = self.sim.env
+        return evaluate_plan(layout.plan, env.model, env.hw, stats, env.settings)
 
     def timed(self, layout: Layout, modelled: Any, step_scale: Scale) -> Timed:
         """`modelled` (the layout's plan on the fresh batch) times the factors its layout
@@ -193,9 +230,14 @@ class Replanner(Fixed):
         if own is None:
             last = self.calib.own(self.calib.last) if self.calib.last else None
             train = last[0] if last else step_scale[0]
-            kin = self.latest.get(len(layout.mix) > 1)
+            several = len(layout.mix) > 1
+            kin = self.latest.get(several)
             like = self.calib.own(kin) if kin is not None else None
-            own = (train, like[1] if like else 1.0)
+            # No layout with as many buckets ran: a single bucket has no routing to
+            # miss (the model's 1.0); several share the model's error the single-bucket
+            # layout measured (queueing, tails) and add routing's to it.
+            alone = last[1] if several and last else 1.0
+            own = (train, like[1] if like else alone)
         return Timed.of(modelled, own)
 
     def start_s(self, layout: Layout) -> float:

@@ -52,6 +52,7 @@ class HybridPool:
         sim = self.sim
         if (
             sim.trained >= sim.steps - 1
+            or sim.sync  # time-shared: every GPU trains anyway
             or not self.eligible(inst)
             or not self.starved()
             or sim.fleet.bucket_size(inst) <= 1

@@ -1,8 +1,8 @@
 """Layouts: a training configuration and a rollout instance mix, and where they come from.
 
 Every layout is chosen with the planner's own code on a workload's statistics: the
-planner's plan for Libra's rungs (`plan`), the best uniform-TP plan for
-AReaL-Static-Optimal and the homogeneous rung, `best_train` + `evaluate_rollout` for the
+planner's plans for Libra's rungs (`plan`, and the time-shared `plan_colocated`), the
+best uniform-TP plan for the homogeneous rung, `best_train` + `evaluate_rollout` for the
 verl baselines' fixed splits. A layout's buckets are its TP sizes, each serving final
 contexts up to the longest its plan assigned it (the largest serves everything).
 """
@@ -20,15 +20,16 @@ from libra.planner import (
     ModelProfile,
     Plan,
     PlannerSettings,
-    RolloutSettings,
     TrainConfig,
     WorkloadStats,
     best_train,
     evaluate_rollout,
     instance_cost,
     plan,
+    plan_colocated,
     tp_supported,
 )
+from libra.planner.search import colocated_settings
 from libra.routing import Bucket
 from libra.sim.config import SimConfig
 from libra.sim.episodes import Workload
@@ -69,7 +70,7 @@ class Layout:
         groups = [g for g in p.rollout.groups if g.instances]
         bounds = {g.tp: g.max_tokens for g in groups}
         bounds[groups[-1].tp] = max_context
-        return cls(p.train.config, p.rollout.mix(), bounds, p.t_iter, p)
+        return cls(p.train.config, p.rollout.mix(), bounds, p.t_iter, p, shared=p.colocated)
 
 
 class Env:
@@ -77,13 +78,12 @@ class Env:
 
     def __init__(self, cfg: SimConfig, model: ModelProfile, hw: HardwareProfile, wl: Workload):
         self.cfg, self.model, self.hw, self.workload = cfg, model, hw, wl
-        self.settings = PlannerSettings()
-        self.colocated_settings = PlannerSettings(
-            rollout=RolloutSettings(gpu_memory_utilization=cfg.colocated_memory)
-        )
+        self.settings = PlannerSettings(colocated_memory=cfg.colocated_memory)
+        self.colocated_settings = colocated_settings(self.settings)
+        """The rollout engines of a colocated layout get `SimConfig.colocated_memory`."""
         self.max_context = wl.max_context
         self._stats: dict[int, WorkloadStats] = {}
-        self._plans: dict[tuple[int | None, bool], Layout] = {}
+        self._plans: dict[tuple[int | None, bool, bool], Layout] = {}
         self.searched: dict[str, Any] = {}
         """Static layouts found by pilot runs (`libra.sim.search`), by kind."""
 
@@ -91,6 +91,10 @@ class Env:
         if step not in self._stats:
             self._stats[step] = WorkloadStats.from_records(self.workload.records(step))
         return self._stats[step]
+
+    def settings_for(self, layout: Layout) -> PlannerSettings:
+        """The settings `layout`'s rollout engines run with (colocated: less memory)."""
+        return self.colocated_settings if layout.shared else self.settings
 
     def tps(self, settings: PlannerSettings) -> list[int]:
         return [
@@ -133,37 +137,49 @@ class Env:
             self.best_train(stats, train_gpus), {tp: rollout_gpus // tp}, {tp: self.max_context}
         )
 
-    def planned(self, stats: WorkloadStats, *, hetero: bool, step: int | None = None) -> Layout:
-        """The planner's plan (every TP size), or its best uniform-TP plan; memoised by
-        `step` (the systems of a run plan on the same batches)."""
-        key = (step, hetero)
+    def planned(
+        self,
+        stats: WorkloadStats,
+        *,
+        hetero: bool,
+        step: int | None = None,
+        colocated: bool = False,
+    ) -> Layout:
+        """The planner's plan (every TP size), or its best uniform-TP plan; disaggregated
+        (`plan`) or time-shared (`colocated`: `plan_colocated`). Memoised by `step` (the
+        systems of a run plan on the same batches)."""
+        key = (step, hetero, colocated)
         if step is not None and key in self._plans:
             return self._plans[key]
-        layout = self._planned(stats, hetero)
+        layout = self._planned(stats, hetero, colocated)
         if step is not None:
             self._plans[key] = layout
         return layout
 
     def remember(self, step: int, hetero: bool, layout: Layout) -> None:
         """Memoise a plan computed elsewhere (a worker process) for `planned`."""
-        self._plans[(step, hetero)] = layout
+        self._plans[(step, hetero, layout.shared)] = layout
 
-    def _planned(self, stats: WorkloadStats, hetero: bool) -> Layout:
+    def _planned(self, stats: WorkloadStats, hetero: bool, colocated: bool) -> Layout:
+        make = plan_colocated if colocated else plan
+        g = self.cfg.gpus
         if hetero:
-            return Layout.of_plan(plan(self.model, self.hw, stats, self.cfg.gpus), self.max_context)
+            p = make(self.model, self.hw, stats, g, self.settings)
+            return Layout.of_plan(p, self.max_context)
         best: Plan | None = None
-        for tp in self.tps(self.settings):
+        for tp in self.tps(self.colocated_settings if colocated else self.settings):
             s = self.settings.model_copy(
                 update={"rollout": self.settings.rollout.model_copy(update={"tp_sizes": [tp]})}
             )
             try:
-                p = plan(self.model, self.hw, stats, self.cfg.gpus, s)
+                p = make(self.model, self.hw, stats, g, s)
             except ConfigError:
                 continue  # this TP size cannot serve the workload
             if best is None or p.t_iter < best.t_iter:
                 best = p
         if best is None:
-            raise ConfigError(f"no uniform-TP plan serves {self.workload.name}")
+            kind = "colocated uniform-TP" if colocated else "uniform-TP"
+            raise ConfigError(f"no {kind} plan serves {self.workload.name}")
         return Layout.of_plan(best, self.max_context)
 
     @cached_property

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from libra.errors import ConfigError
 from libra.planner import instance_cost, load_hardware, load_model, plan
 from libra.planner.measured import Timed
 from libra.routing import Bucket, EpisodeState
@@ -109,7 +110,7 @@ def test_the_replanner_leaves_a_plan_that_measured_slower_than_modelled():
     env = build_env(SimConfig(workload="dapo-math", gpus=48, steps=4, seed=0))
     hetero, uniform = layouts(env)
     assert len(hetero.mix) > 1 and len(uniform.mix) == 1
-    sim = Simulation(SYSTEMS["libra-cmlfq"], env)
+    sim = Simulation(SYSTEMS["libra-cmlfq"], env, layout=hetero)
     sim.run()
     ctl = sim.controller
     assert isinstance(ctl, Replanner)
@@ -128,7 +129,9 @@ def test_a_change_that_measured_slower_is_reverted(monkeypatch):
     half = Layout.of_plan(plan(MODEL, HW, env.stats(0), 24), env.max_context)
     real_planned, real_timed = Env.planned, Replanner.timed
 
-    def planned(self, stats, *, hetero, step=None):
+    def planned(self, stats, *, hetero, step=None, colocated=False):
+        if colocated:
+            raise ConfigError("the two layouts of this test only")
         return real_planned(self, stats, hetero=True, step=step) if hetero else half
 
     def timed(self, layout, modelled, step_scale):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from libra.planner import WorkloadStats, plan
+from libra.errors import ConfigError
+from libra.planner import WorkloadStats, plan, plan_colocated
 from libra.routing.cmlfq import CMLFQPolicy
 from libra.sim.cluster import Simulation
 from libra.sim.config import SimConfig
@@ -95,11 +96,21 @@ def test_stream_pipeline_overlaps_rollouts_and_keeps_staleness(env):
 
 
 def test_layouts_come_from_the_planner(env):
+    """Libra starts on the planner's candidate (uniform-TP, disaggregated or colocated:
+    C-MLFQ has seen nothing to route a mix by) that finishes the run soonest; with
+    oracle routing the heterogeneous plan is a candidate from the start."""
     stats = WorkloadStats.from_records(env.workload.records(0))
     libra = run(env, "libra")
+    steps = SMALL["gpus"], SMALL["steps"]
+    uniform = env.planned(stats, hetero=False, step=0)
+    shared = env.planned(stats, hetero=False, step=0, colocated=True)
+    assert shared.shared and plan_colocated(env.model, env.hw, stats, steps[0]).colocated
+    first = min((uniform, shared), key=lambda o: o.plan.run_s(steps[1]))
+    assert libra.initial_layout == first and len(libra.initial_layout.mix) == 1
     p = plan(env.model, env.hw, stats, SMALL["gpus"])
-    assert libra.initial_layout.train == p.train.config
-    assert libra.initial_layout.mix == p.rollout.mix()
+    oracle = run(env, "libra-oracle-routing").initial_layout
+    best = min(p.run_s(steps[1]), uniform.plan.run_s(steps[1]), shared.plan.run_s(steps[1]))
+    assert oracle.plan.run_s(steps[1]) == best
     areal = run(env, "areal-static-optimal")
     assert areal.layout == areal.initial_layout  # static: never changes
 
@@ -110,9 +121,12 @@ def test_cmlfq_systems_route_with_the_real_policy_and_learn(env, results):
     assert sim.fleet.policy.tree.episodes == sum(
         len(env.workload.batch(s)) for s in range(SMALL["steps"])
     )
-    moves = results["libra-cmlfq"]["routing"]
-    assert moves["moves_per_episode"]["policy"] > 0
-    assert moves["migrated_token_ratio"] > 0  # a move re-prefills its context
+    # On the planner's heterogeneous plan C-MLFQ moves episodes between buckets.
+    hetero = env.planned(env.initial, hetero=True, step=0)
+    mixed = Simulation(SYSTEMS["libra-cmlfq"], env, layout=hetero)
+    mixed.run()
+    assert mixed.fleet.moves["policy"] > 0
+    assert mixed.fleet.reprefill_tokens > 0  # a move re-prefills its context
     for name in ("verl-static-uniform", "areal-static-optimal", "libra-oracle-routing"):
         assert results[name]["routing"]["moves_per_episode"]["policy"] == 0, name
 
@@ -136,7 +150,9 @@ def test_greedy_moves_toward_the_slower_side(results):
 class TrainingBound(Env):
     """Plans that starve training: 2 GPUs train, seven TP-2 instances roll out."""
 
-    def planned(self, stats, *, hetero, step=None):
+    def planned(self, stats, *, hetero, step=None, colocated=False):
+        if colocated:
+            raise ConfigError("no colocated plan here")
         train = self.best_train(stats, 2)
         return Layout(train, {2: 7}, {2: self.max_context}, plan=None)
 
