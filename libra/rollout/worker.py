@@ -42,6 +42,7 @@ from pydantic import Field
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.endpoints.pool import EndpointPool
+from libra.env import Env
 from libra.record import Trajectory
 from libra.rollout.batch import ADMIT_SLICE, Runner
 from libra.rollout.config import LimitsConfig
@@ -85,7 +86,12 @@ class WorkerInit(Config):
 @dataclass(eq=False)
 class _Batch:
     env: str
-    opening: asyncio.Task[Runner]
+    opening: asyncio.Task[None] | None = None
+    runner: Runner | None = None
+    failed: str | None = None
+    """Why its runner could not open (its episodes fail with this)."""
+    waiting: dict[int, tuple[EpisodeSpec, float]] = field(default_factory=dict)
+    """Episodes that arrived while the runner opened, started in slices once it is."""
     stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
 
 
@@ -106,7 +112,7 @@ class Worker:
         self.reader = reader
         self.writer = writer
         self.entries = {e.name: e for e in init.envs}
-        self.envs: dict[str, Any] = {}
+        self.envs: dict[str, Env] = {}
         self.policies: dict[str, RoutingPolicy] = {}
         self.batches: dict[str, _Batch] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
@@ -163,25 +169,31 @@ class Worker:
         if op == "run":
             spec = EpisodeSpec(h["id"], h["b"], h["task_id"], h["group_id"], h["task"],
                                h["index"], h["step"])  # fmt: skip
-            key = h["e"]
-            task = tg.create_task(self._episode(key, self.batches[h["b"]], spec, h["waited"]))
-            self.tasks[key] = task
-            task.add_done_callback(lambda _t: self.tasks.pop(key, None))
+            b = self.batches[h["b"]]
+            if b.runner is not None:
+                self._start(tg, h["e"], b, spec, h["waited"])
+            elif b.failed is not None:
+                self.send({"op": "fail", "e": h["e"], "error": b.failed})
+            else:
+                b.waiting[h["e"]] = (spec, h["waited"])
         elif op == "cancel":
             running = self.tasks.get(h["e"])
             if running is not None:
                 running.cancel()
+            for b in self.batches.values():
+                if b.waiting.pop(h["e"], None) is not None:
+                    self.send({"op": "none", "e": h["e"]})
         elif op == "learn":
             policy = self._policy(h["env"])
             for v in h["l"]:
                 policy.on_finish(Lesson.of(v))
         elif op == "batch":
-            opening = tg.create_task(self._open(h["b"], h["env"], h["sampling"]))
-            self.batches[h["b"]] = _Batch(h["env"], opening)
+            b = self.batches[h["b"]] = _Batch(h["env"])
+            b.opening = tg.create_task(self._open(tg, h["b"], h["env"], h["sampling"]))
         elif op == "end":
-            b = self.batches.pop(h["b"], None)
-            if b is not None:
-                tg.create_task(self._close(b))
+            ended = self.batches.pop(h["b"], None)
+            if ended is not None:
+                tg.create_task(self._close(ended))
         elif op == "version":
             self.pool.set_version(h["v"], h["urls"])
         elif op == "monitor":
@@ -206,30 +218,60 @@ class Worker:
             self.policies[env] = policy
         return policy
 
-    async def _open(self, batch_id: str, env_name: str, sampling: dict[str, Any]) -> Runner:
+    def _start(
+        self, tg: asyncio.TaskGroup, key: int, b: _Batch, spec: EpisodeSpec, waited: float
+    ) -> None:
+        task = tg.create_task(self._episode(key, b, spec, waited), name=f"episode:{spec.id}")
+        self.tasks[key] = task
+        task.add_done_callback(lambda _t: self.tasks.pop(key, None))
+
+    async def _open(
+        self, tg: asyncio.TaskGroup, batch_id: str, env_name: str, sampling: dict[str, Any]
+    ) -> None:
+        """Open the batch's runner, then start the episodes that waited for it, a slice
+        per loop iteration (all at once, their first steps would stop the loop for ~1 ms
+        each)."""
         from libra.rollout.run import episode_runner, load_env
 
-        env = self.envs.get(env_name)
-        if env is None:
-            entry = self.entries[env_name]
-            env = self.envs[env_name] = await asyncio.to_thread(load_env, entry.spec, entry.options)
         b = self.batches[batch_id]
-        return await b.stack.enter_async_context(
-            episode_runner(
-                env,
-                env_name=env_name,
-                tokenizer=self.serving.tokenizer,
-                pool=self.pool,
-                policy=self._policy(env_name),
-                sampling=SamplingConfig.model_validate(sampling),
-                limits=self.init.limits,
-                max_context=self.serving.max_context,
+        try:
+            env = self.envs.get(env_name)
+            if env is None:
+                entry = self.entries[env_name]
+                env = await asyncio.to_thread(load_env, entry.spec, entry.options)
+                self.envs[env_name] = env
+            b.runner = await b.stack.enter_async_context(
+                episode_runner(
+                    env,
+                    env_name=env_name,
+                    tokenizer=self.serving.tokenizer,
+                    pool=self.pool,
+                    policy=self._policy(env_name),
+                    sampling=SamplingConfig.model_validate(sampling),
+                    limits=self.init.limits,
+                    max_context=self.serving.max_context,
+                )
             )
-        )
+        except Exception as e:
+            log.exception("cannot open a runner for batch %s", batch_id)
+            b.failed = f"cannot start the env: {type(e).__name__}: {e}"
+            for key in b.waiting:
+                self.send({"op": "fail", "e": key, "error": b.failed})
+            b.waiting.clear()
+            return
+        n = 0
+        while b.waiting:
+            key = next(iter(b.waiting))
+            spec, waited = b.waiting.pop(key)
+            self._start(tg, key, b, spec, waited)
+            n += 1
+            if n % ADMIT_SLICE == 0:
+                await asyncio.sleep(0)
 
     async def _close(self, b: _Batch) -> None:
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await b.opening
+        if b.opening is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await b.opening
         try:
             await b.stack.aclose()
         except Exception:
@@ -243,8 +285,8 @@ class Worker:
             aborted = record
 
         try:
-            runner = await asyncio.shield(b.opening)
-            record = await runner.run(spec, admitted_after_s=waited, on_abort=on_abort)
+            assert b.runner is not None
+            record = await b.runner.run(spec, admitted_after_s=waited, on_abort=on_abort)
         except asyncio.CancelledError:
             self._reply(key, b.env, aborted)
             raise

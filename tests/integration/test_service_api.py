@@ -208,17 +208,20 @@ async def test_groups_cursor_cancel_slow_reader_and_fairness(
         await asyncio.sleep(0)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_an_openai_sdk_agent_is_served_like_a_native_env(
-    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service], workers: int
 ) -> None:
     """`--env NAME=agent.py:run` (an agent function behind the OpenAI-compatible proxy)
-    next to a native env in the same service."""
+    next to a native env in the same service; with `--workers 2` each worker runs its
+    own proxy (#22)."""
     from tests.integration.test_proxy import AGENT
 
     agent = tmp_path / "calc_agent.py"
     agent.write_text(AGENT)
     url, _ = spawn_fake()
-    svc = Service(tmp_path, tiny_model, [url], "--env", f"calc={agent}:run", "--env", "arith")
+    svc = Service(tmp_path, tiny_model, [url], "--env", f"calc={agent}:run", "--env", "arith",
+                  "--workers", str(workers))  # fmt: skip
     services.append(svc)
     base = svc.start()
     tasks = [{"id": f"q{i}", "question": f"What is {i} * 3 + 1?", "answer": str(i * 3 + 1)}
