@@ -7,7 +7,10 @@ concurrency 1 and 100 (goal <= 1 ms at p50); (b) `--episodes` episodes (default 
 all in flight at once x `--turns` turns: turns/s, event-loop lag p99 (goal <= 50 ms)
 and max, the garbage collector's full passes (count, longest; `run_sync` sets the
 thresholds, reported) and its longest young pass, RSS per in-flight episode, and
-whether every episode completed.
+whether every episode completed; (c) with `--workers 1,2`, part (b) once per worker count
+in the same invocation (N > 1: N rollout worker processes, `libra.bench.scaling`), with
+turns/s over the first count's, CPU per turn of Libra and of the instant server (it
+shares the cores), and each process's loop lag.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ import aiohttp
 
 import libra
 from libra.bench import instant_server
+from libra.bench.lag import LagMonitor, percentile, rss_mb
+from libra.bench.scaling import proc_cpu_s, worker_turns
 from libra.chat import ChatTokenizer
 from libra.endpoints.client import completion_body
 from libra.endpoints.config import EndpointConfig, SamplingConfig
 from libra.endpoints.pool import EndpointPool
+from libra.errors import ConfigError
 from libra.rollout.batch import run_episodes
 from libra.rollout.config import LimitsConfig
 from libra.rollout.episode import EpisodeRunner
@@ -62,48 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=4, help="model turns per episode")
     p.add_argument("--latency-turns", type=int, default=2000, help="turns per latency sample")
     p.add_argument("--model", help="model folder for the tokenizer (default: a fresh tiny one)")
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-class LagMonitor:
-    """Samples event-loop lag (how late a 10 ms sleep wakes up), peak RSS, and the
-    garbage collector's passes (each one stops the loop): every full pass, and the
-    longest of the young generations' passes."""
-
-    def __init__(self) -> None:
-        self.lags: list[float] = []
-        self.peak_rss = 0.0
-        self.full_gc_s: list[float] = []
-        self.young_gc_s_max = 0.0
-        self._gc_t0 = 0.0
-
-    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._gc_t0 = time.perf_counter()
-        elif info["generation"] == 2:
-            self.full_gc_s.append(time.perf_counter() - self._gc_t0)
-        else:
-            self.young_gc_s_max = max(self.young_gc_s_max, time.perf_counter() - self._gc_t0)
-
-    async def run(self) -> None:
-        while True:
-            t = time.perf_counter()
-            await asyncio.sleep(0.01)
-            self.lags.append(time.perf_counter() - t - 0.01)
-            if len(self.lags) % 10 == 0:
-                self.peak_rss = max(self.peak_rss, _rss_mb())
+    p.add_argument("--workers", default="1", metavar="N,N,...",
+                   help="run the in-flight part once per worker count (1: in this process; "
+                   "N > 1: N rollout worker processes), e.g. 1,2; turns/s ratios to 1")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat the worker counts, alternated, this many times")  # fmt: skip
 
 
 async def _bare_latency(url: str, body: bytes, concurrency: int, calls: int) -> list[float]:
@@ -160,7 +129,7 @@ async def _libra_turns(
             status[rec.status] = status.get(rec.status, 0) + 1
             per_turn.append(rec.timings.total_s / max(1, len(rec.turns)))
 
-        base_rss = _rss_mb()
+        base_rss = rss_mb()
         gc.callbacks.append(monitor.on_gc)
         mon = asyncio.create_task(monitor.run())
         t0 = time.perf_counter()
@@ -185,8 +154,8 @@ async def _libra_turns(
         # CPU of the Libra process alone (the server runs in another process): the figure
         # that holds up on a shared machine, where wall-clock rates depend on the load.
         "cpu_us_per_turn": cpu / (episodes * turns) * 1e6,
-        "loop_lag_p50_ms": _percentile(monitor.lags, 0.5) * 1e3,
-        "loop_lag_p99_ms": _percentile(monitor.lags, 0.99) * 1e3,
+        "loop_lag_p50_ms": percentile(monitor.lags, 0.5) * 1e3,
+        "loop_lag_p99_ms": percentile(monitor.lags, 0.99) * 1e3,
         "loop_lag_max_ms": max(monitor.lags, default=0.0) * 1e3,
         "full_gc_passes": len(monitor.full_gc_s),
         "full_gc_ms_max": max(monitor.full_gc_s, default=0.0) * 1e3,
@@ -199,7 +168,9 @@ async def _libra_turns(
     return per_turn, figures
 
 
-async def _bench(url: str, model: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+async def _bench(
+    url: str, server_pid: int, model: Path, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
     tok = ChatTokenizer(model)
     turns = args.turns
     # A request like a mid-episode turn: prompt + one tool round trip.
@@ -221,14 +192,27 @@ async def _bench(url: str, model: Path, args: argparse.Namespace, tmp: Path) -> 
             "bare_http_p50_ms": b50 * 1e3,
             "libra_turn_p50_ms": l50 * 1e3,
             "added_p50_ms": (l50 - b50) * 1e3,
-            "bare_http_p99_ms": _percentile(bare, 0.99) * 1e3,
-            "libra_turn_p99_ms": _percentile(per_turn, 0.99) * 1e3,
+            "bare_http_p99_ms": percentile(bare, 0.99) * 1e3,
+            "libra_turn_p99_ms": percentile(per_turn, 0.99) * 1e3,
             "libra_cpu_us_per_turn": figures["cpu_us_per_turn"],
         }
-    _, scale = await _libra_turns(
-        url, tok, tmp / "scale.jsonl", args.episodes, args.episodes, turns
-    )
-    return {
+    counts = _worker_counts(args.workers)
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    for r in range(args.rounds):
+        for n in counts:
+            out = tmp / f"scale-{n}-{r}.jsonl"
+            cpu0 = proc_cpu_s(server_pid)
+            if n == 1:
+                _, fig = await _libra_turns(url, tok, out, args.episodes, args.episodes, turns)
+            else:
+                fig = await worker_turns(url, model, n, args.episodes, turns, out)
+            fig["server_cpu_us_per_turn"] = (
+                (proc_cpu_s(server_pid) - cpu0) / (args.episodes * turns) * 1e6
+            )
+            fig["load_average_1m"] = os.getloadavg()[0]
+            runs[n].append(fig)
+    scale = runs[counts[0]][0]
+    result: dict[str, Any] = {
         "load_average": os.getloadavg(),
         "latency": latency,
         "in_flight": scale,
@@ -242,13 +226,44 @@ async def _bench(url: str, model: Path, args: argparse.Namespace, tmp: Path) -> 
             and scale["completed_ok"] == args.episodes,
         },
     }
+    if len(counts) > 1:
+        result["workers"] = _compare(runs, args.episodes)
+    return result
+
+
+def _worker_counts(spec: str) -> list[int]:
+    try:
+        counts = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"--workers {spec!r}: give worker counts >= 1, e.g. 1,2")
+    return list(dict.fromkeys(counts))
+
+
+def _compare(runs: dict[int, list[dict[str, Any]]], episodes: int) -> dict[str, Any]:
+    """Per worker count: its runs and medians; turns/s of each count over the first's."""
+    keys = ("turns_per_s", "cpu_us_per_turn", "server_cpu_us_per_turn", "loop_lag_p99_ms",
+            "loop_lag_max_ms")  # fmt: skip
+    med = {n: {k: statistics.median(f[k] for f in fs) for k in keys} for n, fs in runs.items()}
+    base = next(iter(med))
+    return {
+        "runs": {str(n): fs for n, fs in runs.items()},
+        "median": {str(n): m for n, m in med.items()},
+        "turns_per_s_over_first": {
+            str(n): m["turns_per_s"] / med[base]["turns_per_s"] for n, m in med.items()
+        },
+        "all_ok": all(f["completed_ok"] == episodes for fs in runs.values() for f in fs),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    _worker_counts(args.workers)  # a bad list fails before anything starts
+    pids: list[int] = []
     with (
         tempfile.TemporaryDirectory(prefix="libra-bench-cp-") as d,
-        instant_server.running(args.model, args.turns) as (url, model),
+        instant_server.running(args.model, args.turns, pids) as (url, model),
     ):
-        result = run_sync(_bench(url, model, args, Path(d)))
+        result = run_sync(_bench(url, pids[0], model, args, Path(d)))
     result["turns_per_episode"] = args.turns
     return result

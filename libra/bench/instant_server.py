@@ -106,9 +106,12 @@ def main() -> None:
 
 
 @contextmanager
-def running(model: str | Path | None, turns: int) -> Iterator[tuple[str, Path]]:
+def running(
+    model: str | Path | None, turns: int, pids: list[int] | None = None
+) -> Iterator[tuple[str, Path]]:
     """Start this server in its own process; yield (its URL, the model folder). Without
-    `model`, a fresh tiny model is made in a temporary folder."""
+    `model`, a fresh tiny model is made in a temporary folder. `pids` gets the server's
+    process id (to read its CPU time)."""
     with tempfile.TemporaryDirectory(prefix="libra-instant-") as d:
         if model is None:
             from libra.engine.model_maker import make_model
@@ -122,6 +125,8 @@ def running(model: str | Path | None, turns: int) -> Iterator[tuple[str, Path]]:
              "--port", str(port), "--turns", str(turns)],
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
+        if pids is not None:
+            pids.append(server.pid)
         try:
             _wait(url, server)
             yield url, Path(model)
