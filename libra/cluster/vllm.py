@@ -11,8 +11,11 @@ and one core per TP rank (`VLLM_CPU_OMP_THREADS_BIND`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -85,6 +88,9 @@ def command(cfg: VllmLaunch, server: VllmServer) -> list[str]:
     cmd += ["--host", cfg.host, "--port", str(server.port)]
     cmd += ["--tensor-parallel-size", str(server.tp)]
     cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    # weights by broadcast (libra.transfer.vllm_engine; needs the import path below)
+    cmd += ["--weight-transfer-config", json.dumps({"backend": "libra_gloo"})]
+    cmd += ["--worker-extension-cls", "libra.transfer.vllm_engine.Extension"]
     if cfg.served_model_name:
         cmd += ["--served-model-name", cfg.served_model_name]
     if cfg.max_model_len:
@@ -101,6 +107,10 @@ def command(cfg: VllmLaunch, server: VllmServer) -> list[str]:
 def environment(cfg: VllmLaunch, server: VllmServer) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # pause / collective_rpc / reset_prefix_cache / resume
+    # and the weight-transfer routes; vLLM's workers import libra.transfer from here
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (libra_only_path(), env.get("PYTHONPATH", "")) if p
+    )
     if Path(cfg.model).is_dir():
         env["HF_HUB_OFFLINE"] = "1"  # a local folder needs no hub (and none is reachable)
     if cfg.device == "cpu":
@@ -119,6 +129,23 @@ def environment(cfg: VllmLaunch, server: VllmServer) -> dict[str, str]:
         if server.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, server.gpus))
     return env
+
+
+def libra_only_path() -> str:
+    """A folder holding only a link to this `libra` package: on vLLM's `PYTHONPATH` it
+    exposes `libra.transfer` without the packages of Libra's own environment (its
+    site-packages may hold another torch)."""
+    package = Path(__file__).resolve().parent.parent
+    tag = hashlib.sha1(str(package).encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / f"libra-path-{os.getuid()}-{tag}"
+    link = folder / "libra"
+    if not link.is_symlink() or link.resolve() != package:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".libra.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(package, target_is_directory=True)
+        tmp.replace(link)  # atomic: servers starting at once all see a whole link
+    return str(folder)
 
 
 def _spawn(cfg: VllmLaunch, server: VllmServer, log_dir: Path) -> Child:

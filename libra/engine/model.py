@@ -100,12 +100,12 @@ def load_weights(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     for f in files:
         raw.update(load_file(str(f)))
     try:
-        return _fuse(raw, cfg)
+        return fuse(raw, cfg)
     except KeyError as e:
         raise ModelError(f"{folder}: weight {e.args[0]} is missing") from None
 
 
-def _fuse(raw: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def fuse(raw: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     def get(name: str) -> torch.Tensor:
         return raw[name].to(cfg.dtype).contiguous()
 

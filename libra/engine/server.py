@@ -4,8 +4,12 @@ Routes (bodies as vLLM 0.32 writes them): `GET /health`, `GET /v1/models`,
 `POST /v1/completions`, `POST /v1/chat/completions`, and `POST /v1/load_weights
 {"path": DIR}` (Libra's own: swap in a checkpoint of the same architecture; requests
 already running finish on the old weights, later ones run on the new — see
-`libra.engine.core`). The model runs on the engine's worker thread, never on the event
-loop. A client that disconnects aborts its request.
+`libra.engine.core`), and vLLM's weight-transfer routes (`/init_weight_transfer_engine`,
+`/start_weight_update`, `/update_weights`, `/finish_weight_update`: weights broadcast
+by the trainer, `libra.engine.receive`). Like vLLM's, the weight routes are for the
+trainer that owns the engine: serve it on loopback or a private network. The model
+runs on the engine's worker thread, never on the event loop. A client that disconnects
+aborts its request.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from libra.chat import ChatTokenizer
 from libra.engine import protocol, responses
 from libra.engine.core import Choice, EngineCore, Request
 from libra.engine.model import Decoder, ModelConfig, load_weights
+from libra.engine.receive import Receiver
 from libra.errors import LibraError, ModelError
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,7 @@ class EmbeddedEngine:
         )
         self.weights_path = self.model_dir
         self._load_lock = asyncio.Lock()
+        self.receiver = Receiver(self.cfg)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -95,14 +101,7 @@ class EmbeddedEngine:
             t0 = time.perf_counter()
             weights = await asyncio.to_thread(load_weights, path, new_cfg)
             t1 = time.perf_counter()
-            loop = asyncio.get_running_loop()
-            swapped: asyncio.Future[None] = loop.create_future()
-
-            def done() -> None:
-                loop.call_soon_threadsafe(_settle, swapped, None)
-
-            self.core.swap_weights(weights, done)
-            await swapped
+            await self._swap_in(weights)
             self.weights_path = path
             return {
                 "status": "ok",
@@ -110,6 +109,38 @@ class EmbeddedEngine:
                 "load_s": t1 - t0,
                 "swap_s": time.perf_counter() - t1,
             }
+
+    async def finish_broadcast(self) -> dict[str, Any]:
+        """Swap in the weights a broadcast delivered (`libra.engine.receive`)."""
+        async with self._load_lock:
+            weights = await self.receiver.finish()
+            now = self.core.decoder.weights
+            wrong = [k for k, t in weights.items() if k not in now or t.shape != now[k].shape]
+            if wrong:
+                raise protocol.bad(f"broadcast weights do not fit the served model: {wrong[0]} "
+                                   "has another shape", "update_info")  # fmt: skip
+            t0 = time.perf_counter()
+            await self._swap_in(weights)
+            self.weights_path = Path("<broadcast>")
+            return {"status": "ok", "swap_s": time.perf_counter() - t0}
+
+    async def _swap_in(self, weights: dict[str, Any]) -> None:
+        """Hand `weights` to the engine thread; returns once no step uses the old ones."""
+        loop = asyncio.get_running_loop()
+        swapped: asyncio.Future[None] = loop.create_future()
+
+        def done() -> None:
+            loop.call_soon_threadsafe(_settle, swapped, None)
+
+        self.core.swap_weights(weights, done)
+        await swapped
+
+
+def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key)
+    if not isinstance(value, dict):
+        raise protocol.bad(f"{key} must be a JSON object", key)
+    return value
 
 
 def _settle(fut: asyncio.Future, result: Any) -> None:
@@ -264,12 +295,33 @@ def build_app(engine: EmbeddedEngine) -> web.Application:
             raise protocol.bad(f"path must be a model folder, got {path!r}", "path")
         return _json(await engine.swap(Path(path)))
 
+    async def transfer(request: web.Request) -> web.Response:
+        """vLLM's weight-transfer routes (`libra.engine.receive`)."""
+        phase = request.match_info["phase"]
+        raw = await request.read()
+        body = protocol.parse_json(raw) if raw else {}
+        r = engine.receiver
+        if phase == "init_weight_transfer_engine":
+            await r.init(_object(body, "init_info"))
+        elif phase == "start_weight_update":
+            await r.start()
+        elif phase == "update_weights":
+            await r.update(_object(body, "update_info"))
+        elif phase == "finish_weight_update":
+            return _json(await engine.finish_broadcast())
+        else:
+            r.shutdown()
+        return _json({"status": "ok"})
+
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/load_weights", load)
+    phases = "|".join(("init_weight_transfer_engine", "start_weight_update", "update_weights",
+                       "finish_weight_update", "shutdown_weight_transfer_engine"))  # fmt: skip
+    app.router.add_post(f"/{{phase:{phases}}}", transfer)
     return app
 
 

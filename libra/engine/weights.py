@@ -38,16 +38,19 @@ from libra.errors import ConfigError, EndpointDown, EndpointError
 EndpointKind = Literal["embedded", "vllm"]
 
 
-async def _post(
+async def post(
     session: aiohttp.ClientSession,
     url: str,
     body: dict[str, Any] | None = None,
     timeout_s: float = 60.0,
+    *,
+    retry: bool = True,
 ) -> Any:
-    """POST; every call here is idempotent, so a dropped keep-alive connection is retried
-    once (vLLM closes the connection after a 500, and the pool would reuse it)."""
+    """POST; a dropped keep-alive connection is retried once when the call is idempotent
+    (vLLM closes the connection after a 500, and the pool would reuse it); pass
+    `retry=False` for one that is not (a weight-transfer phase)."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    for attempt in (1, 2):
+    for attempt in (1, 2) if retry else (2,):
         try:
             async with session.post(url, json=body, timeout=timeout) as r:
                 text = await r.text()
@@ -81,22 +84,26 @@ async def load_weights(
     not)."""
     if check_local:
         _check_folder(Path(path))
-    base = base_url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[:-3]
+    base = server_base(base_url)
     if kind == "embedded":
         body = {"path": path}
-        return dict(await _post(session, f"{base}/v1/load_weights", body, timeout_s))
+        return dict(await post(session, f"{base}/v1/load_weights", body, timeout_s))
     if kind != "vllm":
         raise ConfigError(f"unknown endpoint kind {kind!r}: expected 'embedded' or 'vllm'")
-    await _post(session, f"{base}/pause?mode=wait", timeout_s=timeout_s)
+    await post(session, f"{base}/pause?mode=wait", timeout_s=timeout_s)
     try:
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
-        await _post(session, f"{base}/collective_rpc", rpc, timeout_s)
-        reset = await _post(session, f"{base}/reset_prefix_cache")
+        await post(session, f"{base}/collective_rpc", rpc, timeout_s)
+        reset = await post(session, f"{base}/reset_prefix_cache")
     finally:
-        await _post(session, f"{base}/resume")
+        await post(session, f"{base}/resume")
     return {"status": "ok", "path": path, "prefix_cache_reset": bool((reset or {}).get("success"))}
+
+
+def server_base(url: str) -> str:
+    """The server's root URL (an endpoint URL may end in /v1)."""
+    base = url.rstrip("/")
+    return base[:-3] if base.endswith("/v1") else base
 
 
 def _check_folder(folder: Path) -> None:
@@ -106,4 +113,4 @@ def _check_folder(folder: Path) -> None:
         raise ConfigError(f"{folder}: no *.safetensors weights to load")
 
 
-__all__ = ["EndpointKind", "load_weights"]
+__all__ = ["EndpointKind", "load_weights", "post", "server_base"]

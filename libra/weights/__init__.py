@@ -14,10 +14,14 @@ under the same lock (`detach`), so no turn is ever stamped with a version its en
 does not hold.
 
 Modules: `base` (the protocol, `Weights`), `folder` (`FolderSync`: versioned HF folders
-on a filesystem every endpoint sees; the first transport).
+on a filesystem every endpoint sees), `broadcast` (`BroadcastSync`: tensors from the
+trainer's memory over one gloo group per server, through vLLM's weight-transfer
+phases; `libra.transfer` is its torch half).
 """
 
 from libra.weights.base import Weights, WeightSync
+from libra.weights.broadcast import BroadcastSync, Sender
 from libra.weights.folder import FolderSync, prune, version_dir
 
-__all__ = ["FolderSync", "WeightSync", "Weights", "prune", "version_dir"]
+__all__ = ["BroadcastSync", "FolderSync", "Sender", "WeightSync", "Weights", "prune",
+           "version_dir"]  # fmt: skip

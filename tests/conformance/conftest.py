@@ -33,6 +33,7 @@ class Engine:
     kind: str  # "embedded" | "vllm"
     url: str
     model: str  # the served model name
+    tp: int = 1
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +94,13 @@ def vllm_engines(tiny_model: Path) -> Iterator[dict[str, Engine]]:
     procs = vllm.start(cfg)
     try:
         yield {
-            name: Engine(name, "vllm", f"http://127.0.0.1:{port}", str(tiny_model))
+            name: Engine(
+                name,
+                "vllm",
+                f"http://127.0.0.1:{port}",
+                str(tiny_model),
+                tp=2 if name == "vllm-tp2" else 1,
+            )
             for name, port in ports.items()
         }
     finally:

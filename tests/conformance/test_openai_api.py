@@ -295,3 +295,51 @@ async def test_load_weights_rejects_a_folder_that_is_not_a_model(engine, referen
     code, out = await post(engine, "/v1/completions", rollout_request(engine, PROMPTS))
     assert code == 200
     assert [c["token_ids"] for c in out["choices"]] == reference["s0"]
+
+
+async def test_broadcast_weights_equal_the_same_weights_loaded_from_disk(
+    engine, reference, tiny_model, tiny_model_s1
+):
+    """vLLM's weight-transfer phases with Libra's gloo engine (the embedded engine serves
+    the same routes): the seed-1 tensors broadcast from this process give the greedy
+    outputs the seed-1 folder gives (`reference`, which the folder-load test checks), a
+    request running meanwhile finishes on the old weights, and broadcasting seed 0 back
+    restores the original outputs. Nothing is written to disk."""
+    from safetensors.torch import load_file
+
+    from libra.endpoints.config import BucketConfig
+    from libra.endpoints.pool import EndpointPool
+    from libra.engine.weights import load_weights
+    from libra.transfer.local import LocalSender
+    from libra.weights import BroadcastSync, Weights
+
+    tensors = {v: load_file(str(f / "model.safetensors")) for v, f in ((0, tiny_model),
+               (1, tiny_model_s1))}  # fmt: skip
+    now = {"v": 0}
+    sender = LocalSender(lambda: tensors[now["v"] % 2], version=lambda: now["v"])
+    bucket = BucketConfig(name="b", tp=engine.tp, bound=4096)
+    async with EndpointPool([(bucket, [])], joined_later=True) as pool:
+        sync = BroadcastSync(sender=sender, pool=pool, kind=engine.kind,  # type: ignore[arg-type]
+                             origin=Weights(0, str(tiny_model)), ranks={"b": engine.tp})  # fmt: skip
+        assert await sync.attach("b", engine.url, sync.start_weights()) == 0
+        long = rollout_request(engine, PROMPTS[0], max_tokens=96)
+        before = (await post(engine, "/v1/completions", long))[1]["choices"][0]["token_ids"]
+        try:
+            in_flight = asyncio.create_task(post(engine, "/v1/completions", long))
+            async with asyncio.timeout(60):
+                while not in_flight.done() and await _running(engine) == 0:
+                    await asyncio.sleep(0.02)
+            now["v"] = 1
+            await sync.publish(1)
+            assert (await in_flight)[1]["choices"][0]["token_ids"] == before
+            out = (await post(engine, "/v1/completions", rollout_request(engine, PROMPTS)))[1]
+            assert [c["token_ids"] for c in out["choices"]] == reference["s1"]
+            assert [e.version for e in pool.endpoints()] == [1]
+            now["v"] = 2
+            await sync.publish(2)  # the same group, a second time
+            out = (await post(engine, "/v1/completions", rollout_request(engine, PROMPTS)))[1]
+            assert [c["token_ids"] for c in out["choices"]] == reference["s0"]
+        finally:
+            if now["v"] != 2 or sync.lost:
+                async with aiohttp.ClientSession() as s:
+                    await load_weights(s, engine.url, engine.kind, str(tiny_model))
