@@ -56,6 +56,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         help="synchronous RL: t_iter = t_rollout + t_train + weight sync (default: async, max)",
     )
     p.add_argument(
+        "--colocated",
+        action="store_true",
+        help="also consider the time-shared plan (every GPU trains, then every GPU rolls "
+        "out) and print it when its iteration is shorter; libra train cannot run it",
+    )
+    p.add_argument(
         "--exhaustive", action="store_true", help="search without pruning (for verification)"
     )
     p.add_argument(
@@ -116,7 +122,14 @@ def run(args: argparse.Namespace) -> int:
     stats = load_workload(args.workload, args.batch, args.group, args.step, args.seed)
     settings = PlannerSettings(sync=args.sync, **({"bins": args.bins} if args.bins else {}))
     result = plan(
-        model, hw, stats, args.gpus, settings, exhaustive=args.exhaustive, clock=time.perf_counter
+        model,
+        hw,
+        stats,
+        args.gpus,
+        settings,
+        exhaustive=args.exhaustive,
+        clock=time.perf_counter,
+        colocated=args.colocated,
     )
     if args.json:
         print_json({"workload": {"source": args.workload, **stats.summary()}, **result.as_dict()})
@@ -128,7 +141,11 @@ def run(args: argparse.Namespace) -> int:
 def render(p: Any, workload: str, summary: dict[str, Any]) -> str:
     """The plan as a short report."""
     c, t = p.train.config, p.train
-    mode = "synchronous" if p.sync else "asynchronous"
+    mode = {
+        "colocated": "colocated (time-shared: all GPUs train, then all roll out)",
+        "sync": "synchronous",
+        "async": "asynchronous",
+    }[p.mode]
     gpus = "devices" if p.hardware == "local" else "GPUs"
     lines = [
         f"plan: {p.model} on {p.gpus} x {p.hardware}, {workload} "

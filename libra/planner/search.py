@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libra.errors import ConfigError
@@ -353,7 +353,7 @@ def plan(
         except PlanInfeasible:
             return best
         if shared.t_iter < best.t_iter:
-            return shared
+            return replace(shared, search={**best.search, "disaggregated_t_iter_s": best.t_iter})
     return best
 
 
