@@ -279,6 +279,8 @@ class WorkerPool:
                     await asyncio.sleep(0)  # buffered frames are read without yielding
         except (WireError, OSError) as e:
             log.warning("rollout worker %d: %s", w.slot, e)
+        except Exception:  # a bad message: drop this worker (a new one starts), not the front
+            log.exception("rollout worker %d sent what the front cannot handle", w.slot)
 
     def _on_frame(self, w: _Worker, h: dict[str, Any], blob: bytes) -> None:
         op = h["op"]

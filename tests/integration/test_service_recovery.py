@@ -88,15 +88,21 @@ async def test_kill_endpoint_and_service_mid_batch_loses_and_repeats_nothing(
     assert {r.id for r in spooled} == expected
 
 
-@pytest.mark.parametrize("on_restart", ["rerun", "abort"])
+@pytest.mark.parametrize(("on_restart", "workers"), [("rerun", 1), ("abort", 1), ("rerun", 2)])
 async def test_graceful_stop_then_restart(
-    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service], on_restart: str
+    tmp_path: Path,
+    tiny_model: Path,
+    spawn_fake,
+    services: list[Service],
+    on_restart: str,
+    workers: int,
 ) -> None:
     """SIGTERM mid-batch: the service exits 0 promptly, records nothing for the episodes
     it interrupted, and after a restart they run again (`rerun`) or are recorded
     `aborted` (`abort`); either way each id arrives once and the batch completes."""
     url, _ = spawn_fake(delay=0.2)
-    svc = Service(tmp_path, tiny_model, [url], "--concurrency", "4", "--on-restart", on_restart)
+    svc = Service(tmp_path, tiny_model, [url], "--concurrency", "4", "--on-restart", on_restart,
+                  "--workers", str(workers))  # fmt: skip
     services.append(svc)
     svc.start()
     tasks = make_tasks(16, seed=4)
