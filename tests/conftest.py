@@ -81,6 +81,15 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
 def serve_engine(model: Path, timeout: float = 60.0) -> Iterator[str]:
     """A real `libra serve-engine` for `model` on a free loopback port; yields its URL
     once `/health` answers, and stops it at the end."""
+    with serve_engine_process(model, timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serve_engine_process(
+    model: Path, timeout: float = 60.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`serve_engine`, also yielding the process (for tests that kill it)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "libra", "serve-engine", "--model", str(model),
@@ -90,9 +99,10 @@ def serve_engine(model: Path, timeout: float = 60.0) -> Iterator[str]:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", timeout=timeout)
-        yield url
+        yield url, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         proc.wait(timeout=30)
 
 

@@ -14,4 +14,5 @@ BENCHMARKS: dict[str, str] = {
     "relayout": "relayout",
     "train-ab": "train_ab",
     "sim-grid": "sim_grid",
+    "publish": "publish",
 }

@@ -46,7 +46,7 @@ from libra.train.setup import calibrate, make_replanner, prepare_model, trainer_
 from libra.train.state import LoopState, write_json
 from libra.train.validation import Validation
 from libra.train.workers import Fleet
-from libra.weights import FolderSync, Weights
+from libra.weights import BroadcastSync, FolderSync, Weights, WeightSync
 
 
 @dataclass(eq=False, slots=True)
@@ -98,7 +98,7 @@ class Run:
 
     trainer: TrainerHandle
     fleet: Fleet
-    weights: FolderSync
+    weights: WeightSync
     loop: Loop
     checkpointer: Checkpointer
     view: View
@@ -174,17 +174,13 @@ async def build_run(
         max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
         buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
         pool = EndpointPool([(b, []) for b in buckets], cfg.rollout.endpoint, joined_later=True)
-        weights = FolderSync(
-            write=trainer.save_weights,
-            root=out / "weights",
-            keep=cfg.trainer.keep_versions,
-            pool=pool,
-            kind=launcher.kind,
+        weights = weight_sync(
+            cfg, trainer, pool, launcher.kind, out,
             # a resumed run's engines start on its checkpoint; later ones on a folder that is
-            # never rewritten, then load the newest
+            # never rewritten, then take the newest
             origin=Weights(-1 if resumed else version, str(start)),
             current=Weights(version, str(serve)),
-        )
+        )  # fmt: skip
         fleet = Fleet(
             workers,
             launcher=launcher,
@@ -262,6 +258,28 @@ async def build_run(
         )  # fmt: skip
         # built: the run owns what it started (until then, a failure stops it again)
         return Run(trainer, fleet, weights, loop, ckpt, view, stack.pop_all())
+
+
+def weight_sync(
+    cfg: TrainConfig,
+    trainer: TrainerHandle,
+    pool: EndpointPool,
+    kind: Any,
+    out: Path,
+    *,
+    origin: Weights,
+    current: Weights,
+) -> WeightSync:
+    """`weights.transport`: broadcast from the trainer's memory, or folders on disk."""
+    w = cfg.weights
+    if w.transport == "broadcast":
+        ranks = {b.name: (b.tp if kind == "vllm" else 1) for b in cfg.fleet.buckets}
+        return BroadcastSync(sender=trainer, pool=pool, kind=kind, origin=origin,
+                             current=current, host=w.host, ranks=ranks,
+                             bucket_bytes=w.bucket_mb << 20, timeout_s=w.timeout_s)  # fmt: skip
+    return FolderSync(write=trainer.save_weights, root=out / "weights",
+                      keep=cfg.trainer.keep_versions, pool=pool, kind=kind, origin=origin,
+                      current=current)  # fmt: skip
 
 
 async def _stop_engines(fleet: Fleet) -> None:

@@ -149,7 +149,24 @@ class TrainerSection(Config):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     elastic: ElasticConfig = Field(default_factory=ElasticConfig)
     keep_versions: int = Field(3, ge=1)
-    """Published weight folders kept on disk."""
+    """Published weight folders kept on disk (`weights.transport = "disk"`)."""
+
+
+class WeightsSection(Config):
+    """How each new policy version reaches the rollout engines (`libra.weights`)."""
+
+    transport: Literal["broadcast", "disk"] = "broadcast"
+    """`broadcast`: from the trainer's memory into each engine over one gloo group per
+    engine, through vLLM's weight-transfer phases (the embedded engine serves the same
+    routes); no file per step. `disk`: each version written as an HF folder under
+    `out/weights/` and loaded by every engine (needs a filesystem they all see)."""
+    host: str = "127.0.0.1"
+    """Broadcast: the address engines reach the trainer at (its node's, on a cluster)."""
+    bucket_mb: int = Field(64, ge=1)
+    """Broadcast: tensors travel in buckets of at most this size (one tensor may be
+    larger)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Broadcast: how long a group's rendezvous or one transfer waits for the engine."""
 
 
 class FleetSection(Config):
@@ -245,6 +262,7 @@ class TrainConfig(Config):
     sft: SFTSection = Field(default_factory=SFTSection)
     validation: ValidationSection = Field(default_factory=ValidationSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    weights: WeightsSection = Field(default_factory=WeightsSection)
     fleet: FleetSection = Field(default_factory=FleetSection)
     planner: PlannerSection = Field(default_factory=PlannerSection)
     report: ReportSection = Field(default_factory=ReportSection)
@@ -284,4 +302,5 @@ __all__ = [
     "TrainerSection",
     "ValidationSection",
     "VllmSection",
+    "WeightsSection",
 ]

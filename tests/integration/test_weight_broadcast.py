@@ -1,0 +1,104 @@
+"""Weights by broadcast (`libra.weights.BroadcastSync`) into real embedded engines on
+loopback: what happens when an engine dies in the middle of a transfer."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+from safetensors.torch import load_file
+
+from libra.endpoints.config import BucketConfig
+from libra.endpoints.pool import EndpointPool
+from libra.engine.model_maker import make_model
+from libra.errors import EndpointDown
+from libra.transfer.local import LocalSender
+from libra.weights import BroadcastSync, Weights
+from tests.conftest import serve_engine_process
+
+PROMPT = [10, 20, 30, 40]
+
+
+async def greedy(url: str, model: str) -> list[int]:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        return list((await r.json())["choices"][0]["token_ids"])
+
+
+@pytest.mark.timeout(240)
+async def test_an_engine_that_dies_mid_broadcast_fails_that_publish_and_only_it(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Two engines; the second is killed after its transfer started (the sender kills it
+    as it begins broadcasting to it). The publish raises one error naming that engine;
+    the first engine has the new weights and keeps serving; the dead one left the pool;
+    the next publish reaches the survivor."""
+    s1 = make_model(tmp_path / "s1", seed=1)
+    tensors = {0: load_file(str(tiny_model / "model.safetensors")),
+               1: load_file(str(s1 / "model.safetensors"))}  # fmt: skip
+    with serve_engine_process(tiny_model) as (a, _), serve_engine_process(tiny_model) as (b, pb):
+        model = str(tiny_model)
+        want = {0: await greedy(a, model)}
+        now = {"v": 0}
+
+        class KillsB(LocalSender):
+            async def broadcast_send(self, gid: str, bucket_bytes: int) -> tuple[int, str | None]:
+                if gid == b and pb.poll() is None:
+                    pb.send_signal(signal.SIGKILL)
+                    await asyncio.to_thread(pb.wait)
+                return await super().broadcast_send(gid, bucket_bytes)
+
+        sender = KillsB(lambda: tensors[now["v"] % 2], version=lambda: now["v"])
+        bucket = BucketConfig(name="b", tp=1, bound=1024)
+        async with EndpointPool([(bucket, [])], joined_later=True) as pool:
+            sync = BroadcastSync(sender=sender, pool=pool, kind="embedded",
+                                 origin=Weights(0, model), timeout_s=30)  # fmt: skip
+            for url in (a, b):
+                assert await sync.attach("b", url, sync.start_weights()) == 0
+            now["v"] = 1
+            with pytest.raises(EndpointDown) as err:
+                await sync.publish(1)
+            message = str(err.value)
+            assert b in message and a not in message and "\n" not in message
+            assert [(e.url, e.version) for e in pool.endpoints()] == [(a, 1)]
+            assert [url for url, _ in sync.lost] == [b]
+            want[1] = await greedy(a, model)
+            assert want[1] != want[0]  # the survivor took the new weights
+
+            now["v"] = 2  # seed 0 again, over the survivor's same group
+            assert await sync.publish(2) >= 0
+            assert await greedy(a, model) == want[0]
+            assert [(e.url, e.version) for e in pool.endpoints()] == [(a, 2)]
+
+
+@pytest.mark.timeout(240)
+async def test_the_trainer_sends_its_own_weights(tiny_model: Path, tmp_path: Path) -> None:
+    """`libra train`'s sender: rank 0 of core replica 0 (a real `ElasticTrainer`, here
+    holding seed-1 weights) broadcasts into an engine serving seed 0; the engine then
+    answers as one started from the seed-1 folder, and no folder was written."""
+    from libra.train.handle import TrainerHandle
+    from libra.trainer import ElasticTrainer, TrainerConfig
+
+    s1 = make_model(tmp_path / "s1", seed=1)
+    trainer = TrainerHandle(ElasticTrainer(TrainerConfig(model=str(s1))))
+    before = set(tmp_path.rglob("*"))
+    try:
+        with serve_engine_process(tiny_model) as (a, _), serve_engine_process(s1) as (ref, _):
+            await trainer.start()
+            bucket = BucketConfig(name="b", tp=1, bound=1024)
+            async with EndpointPool([(bucket, [])], joined_later=True) as pool:
+                sync = BroadcastSync(sender=trainer, pool=pool, kind="embedded",
+                                     origin=Weights(0, str(tiny_model)))  # fmt: skip
+                await sync.attach("b", a, sync.start_weights())
+                assert await greedy(a, str(tiny_model)) != await greedy(ref, str(s1))
+                await sync.publish(1)
+                assert await greedy(a, str(tiny_model)) == await greedy(ref, str(s1))
+                assert [(e.url, e.version) for e in pool.endpoints()] == [(a, 1)]
+    finally:
+        await trainer.close()
+    assert set(tmp_path.rglob("*")) == before
