@@ -12,6 +12,9 @@ applied only when
    by `gain_cost_ratio`, and
 3. at least `cooldown_steps` have passed since the last applied change.
 
+A move back to the plan the last change left (`revert=True`, both timed from what they
+measured) skips the band: that change was made on a prediction and measured no gain.
+
 Gains are counted over the remaining steps as each plan runs them (`Plan.run_s`): an
 overlapped (asynchronous) plan also pays the end of the pipeline it cannot overlap (the
 last batch's training), a time-shared one does not, so over a few remaining steps the two
@@ -154,9 +157,13 @@ class ReplanPolicy:
         reconfig: ReconfigCost | float,
         step: int | None = None,
         trigger: str = "",
+        revert: bool = False,
     ) -> Decision:
         """Whether to move from `current` to `candidate` (both timed on the same, fresh
-        workload) with `remaining_steps` steps left."""
+        workload) with `remaining_steps` steps left. `revert`: `candidate` is the plan
+        the last change left and both are timed from their own measurements; moving back
+        needs no hysteresis band (the band keeps near-equal predictions from alternating;
+        here the change was measured not to pay), only a gain above the cost."""
         c = self.config
         cost = reconfig.total_s if isinstance(reconfig, ReconfigCost) else float(reconfig)
         cur, cand = float(current.t_iter), float(candidate.t_iter)
@@ -190,7 +197,7 @@ class ReplanPolicy:
             return verdict(True, "applied: the current plan cannot run this workload")
         if per_step <= 0 or math.isnan(per_step):
             return verdict(False, "kept: candidate is not faster")
-        if per_step < c.min_gain_fraction * base:
+        if per_step < (0.0 if revert else c.min_gain_fraction) * base:
             return verdict(
                 False,
                 f"kept: gain {per_step / base:.1%} per step is inside the "

@@ -25,7 +25,10 @@
   and for one the model's. The fastest replaces the current layout only when `ReplanPolicy.decide`
   says the gain over the remaining steps pays for the modelled reconfiguration cost; once
   a change has measured a settled step it is checked, and moved back from (a `revert`)
-  when the layout it replaced measures faster.
+  when the layout it replaced measures faster, by any margin (`decide(revert=True)`: the
+  change was made on a prediction, and the measurement says it did not pay). Options
+  are ranked by their time over the remaining steps (`Timed.run_s`), as `decide` weighs
+  them.
 """
 
 from __future__ import annotations
@@ -197,19 +200,22 @@ class Replanner(Fixed):
             options.append(self.previous)
         now = self.timed(sim.layout, ran, step_scale)
         timed = [(self.timed(o, self._model(o, stats), step_scale), o) for o in options]
-        best_t, best = min(timed, key=lambda x: x[0].t_iter)
+        best_t, best = min(timed, key=lambda x: x[0].run_s(remaining))
         if self.key(best) == self.key(sim.layout):
             best_t, best = now, sim.layout
         assert best.plan is not None
         cost = self.cost(ran, best.plan)
-        d = self.policy.decide(now, best_t, remaining, reconfig=cost, step=step, trigger=why)
+        back = self.previous is not None and self.key(best) == self.key(self.previous)
+        d = self.policy.decide(
+            now, best_t, remaining, reconfig=cost, step=step, trigger=why, revert=back
+        )
         entry = {
             "t": sim.loop.now,
             **d.as_dict(),
             "candidate": best.describe(),
             "calibration": {"train": step_scale[0], "rollout": step_scale[1]},
         }
-        if d.apply and self.previous is not None and self.key(best) == self.key(self.previous):
+        if d.apply and back:
             entry["revert"] = True
         sim.decisions.append(entry)
         if d.apply:

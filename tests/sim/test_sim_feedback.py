@@ -106,17 +106,21 @@ def layouts(env: Env) -> tuple[Layout, Layout]:
 def test_the_replanner_leaves_a_plan_that_measured_slower_than_modelled():
     """dapo-math on 48 GPUs: C-MLFQ's rollout on the planner's heterogeneous plan
     measures well above the model (which assumes every length on its ideal instance
-    type); the calibrated prediction moves Libra to the uniform-TP plan."""
+    type); the calibrated prediction moves Libra to a single-bucket plan (the uniform-TP
+    split, or over these few steps the time-shared plan, which has no pipeline end to
+    drain)."""
     env = build_env(SimConfig(workload="dapo-math", gpus=48, steps=4, seed=0))
     hetero, uniform = layouts(env)
+    shared = env.planned(env.stats(0), hetero=False, step=0, colocated=True)
     assert len(hetero.mix) > 1 and len(uniform.mix) == 1
     sim = Simulation(SYSTEMS["libra-cmlfq"], env, layout=hetero)
     sim.run()
     ctl = sim.controller
     assert isinstance(ctl, Replanner)
-    assert Replanner.key(sim.layout) == Replanner.key(uniform)
+    assert len(sim.layout.mix) == 1
     first = sim.decisions[0]
-    assert first["apply"] and first["candidate"]["rollout"] == uniform.describe()["rollout"]
+    single = (uniform.describe()["rollout"], shared.describe()["rollout"])
+    assert first["apply"] and first["candidate"]["rollout"] in single
     assert first["calibration"]["rollout"] > 1.1  # measured well above the model
 
 

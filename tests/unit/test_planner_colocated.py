@@ -99,3 +99,14 @@ def test_libra_plan_colocated_prints_the_time_shared_plan_when_it_wins(capsys):
     assert "colocated (time-shared" in capsys.readouterr().out
     assert main([*argv, "--json"]) == 0  # without the flag: a split, as before
     assert json.loads(capsys.readouterr().out)["mode"] == "sync"
+
+
+def test_moving_back_from_a_change_that_measured_no_gain_needs_no_hysteresis():
+    """A change made on a prediction measured 2% slower than the plan it left: moving
+    back is a revert, which the band (meant for near-equal predictions) does not hold up;
+    a move to any other plan 2% faster still is."""
+    now, left = Timed(t_train=90.0, t_rollout=102.0), Timed(t_train=90.0, t_rollout=100.0)
+    assert not ReplanPolicy().decide(now, left, 8, reconfig=1.0).apply
+    d = ReplanPolicy().decide(now, left, 8, reconfig=1.0, revert=True)
+    assert d.apply
+    assert not ReplanPolicy().decide(now, left, 8, reconfig=100.0, revert=True).apply  # cost
