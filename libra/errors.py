@@ -51,6 +51,15 @@ class EndpointDown(EndpointError):
     """The endpoint cannot be reached (connection refused / reset, health check failed)."""
 
 
+class WeightsNotDelivered(EndpointDown):
+    """A publication reached every endpoint but these (`lost`: (url, why)); they left
+    the pool, since their weights may be half old, half new."""
+
+    def __init__(self, message: str, lost: list[tuple[str, str]]):
+        super().__init__(message)
+        self.lost = lost
+
+
 class EnvError(LibraError):
     """An environment's own code raised (prompt, setup, reward)."""
 
@@ -86,4 +95,5 @@ __all__ = [
     "SandboxError",
     "ToolError",
     "TrainerError",
+    "WeightsNotDelivered",
 ]

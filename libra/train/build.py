@@ -106,13 +106,15 @@ class Run:
 
     async def train(self) -> str:
         """Train to `steps` (or until Ctrl-C), then a final checkpoint if the last step
-        has none. Returns `done` or `interrupted`. An engine that dies fails the run at
-        once (`EndpointDown`)."""
+        has none. Returns `done` or `interrupted`. An engine that dies is replaced on its
+        devices (`Fleet.watch`); one that dies again past `fleet.engine_restarts` fails
+        the run at once (`EndpointDown`)."""
         self.view.phase, self.view.step = "training", self.trainer.version
         self.view.switches = self.loop.state.switches
         try:
             async with asyncio.TaskGroup() as tg:
-                watcher = tg.create_task(self.fleet.watch(), name="libra-engine-watch")
+                watcher = tg.create_task(self.fleet.watch(on_event=self.loop.report.event),
+                                         name="libra-engine-watch")  # fmt: skip
                 outcome = await self.loop.run()
                 watcher.cancel()
         except* EndpointDown as group:
@@ -189,6 +191,7 @@ async def build_run(
             bucket_tp={b.name: b.tp for b in cfg.fleet.buckets},
             log_dir=out / "logs",
             drain_timeout_s=cfg.fleet.drain_timeout_s,
+            restarts=cfg.fleet.engine_restarts,
         )
         stack.push_async_callback(_stop_engines, fleet)
         await stack.enter_async_context(pool)
@@ -254,7 +257,7 @@ async def build_run(
             steps=cfg.steps, checkpoint_every=cfg.report.checkpoint_every, rollouts=rollouts,
             trainer=trainer, weights=weights, reconfig=reconfig, validation=validation,
             telemetry=telemetry, state=state, checkpoint=ckpt.save,
-            roles=fleet.by_role,
+            roles=fleet.by_role, on_lost=lambda lost: fleet.replace_lost(lost, report.event),
         )  # fmt: skip
         # built: the run owns what it started (until then, a failure stops it again)
         return Run(trainer, fleet, weights, loop, ckpt, view, stack.pop_all())

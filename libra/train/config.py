@@ -197,6 +197,10 @@ class FleetSection(Config):
     """Torch threads per embedded engine."""
     engine_max_num_seqs: int = Field(64, ge=1)
     """Sequences an engine (embedded, or vLLM's `--max-num-seqs`) decodes at once."""
+    engine_restarts: int = Field(2, ge=0)
+    """Times a worker's engine may be replaced on its devices after it died or a
+    publication could not reach it; once more and the run stops in one line (with a
+    resumable checkpoint)."""
     drain_timeout_s: float = Field(30.0, gt=0)
     """Rollout -> training: how long a leaving engine's in-flight turns may take before
     they are aborted and retried on a sibling."""

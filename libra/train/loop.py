@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from libra.errors import WeightsNotDelivered
 from libra.rollout.run import finish_step
 from libra.train.display import Display, View
 from libra.train.handle import TrainerHandle
@@ -62,12 +63,15 @@ class Loop:
         state: LoopState,
         checkpoint: Callable[[], Awaitable[None]],
         roles: Callable[[], dict[str, list[str]]],
+        on_lost: Callable[[list[tuple[str, str]]], Awaitable[None]],
     ):
         self.steps, self.checkpoint_every = steps, checkpoint_every
         self.rollouts, self.trainer, self.weights = rollouts, trainer, weights
         self.reconfig, self.validation = reconfig, validation
         self.report, self.display, self.view = telemetry.report, telemetry.display, telemetry.view
         self.state, self.checkpoint, self.roles = state, checkpoint, roles
+        self.on_lost = on_lost
+        """Replace the engines a publication could not reach (`Fleet.replace_lost`)."""
         self.stopping = False
         self.checkpointed = rollouts.version
         """Version of the last checkpoint written by this loop."""
@@ -118,7 +122,7 @@ class Loop:
             t1 = time.monotonic()
             if self._val is not None:  # validation of v runs on v's weights only
                 await self._val
-            publish_s = await self.weights.publish(rep.version)
+            publish_s = await self._publish(rep.version)
             self.rollouts.advance()
             await finish_step(self.rollouts.runner.policy, v)
             now = time.monotonic()
@@ -144,6 +148,19 @@ class Loop:
             if self.stopping:
                 return "interrupted"
         return "done"
+
+    async def _publish(self, version: int) -> float:
+        """Publish `version`; engines it could not reach are replaced (the fleet's
+        restarts per worker; beyond them the run stops in one line)."""
+        t0 = time.monotonic()
+        try:
+            return await self.weights.publish(version)
+        except WeightsNotDelivered as e:
+            self.report.event("weights-not-delivered", version=version,
+                              lost=[{"url": u, "why": w} for u, w in e.lost])  # fmt: skip
+            self.view.note = str(e)
+            await self.on_lost(e.lost)
+            return time.monotonic() - t0
 
     def _update_view(self, row: dict[str, Any]) -> None:
         v = self.view

@@ -15,15 +15,19 @@ the trainer side by side.
   the engine stops. The worker keeps its devices (a hybrid comes back to them).
 - `add_core(bucket)` / `remove(w)`: a layout change starts a new core instance / stops
   one for good and frees its devices.
+- `replace(w)`: an engine that died, or that a publication could not reach, is stopped
+  and a new one started on the same devices at the current version (`watch`,
+  `replace_lost`; `restarts` per worker, then the run stops in one line).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from libra.cluster import process
 from libra.cluster.engines import Engine, EngineLauncher, stop_engine
@@ -32,6 +36,9 @@ from libra.errors import EndpointDown
 from libra.weights import Weights, WeightSync
 
 Role = Literal["rollout", "train", "switching"]
+OnEvent = Callable[..., Any]
+"""`on_event(name, **fields)`: where the fleet reports what it did unasked (the run's
+event log)."""
 
 
 @dataclass(slots=True)
@@ -56,6 +63,7 @@ class Fleet:
         bucket_tp: dict[str, int],
         log_dir: Path,
         drain_timeout_s: float = 30.0,
+        restarts: int = 2,
     ):
         self.workers = workers
         self.launcher = launcher
@@ -68,6 +76,9 @@ class Fleet:
         self.engine_start_s: list[float] = []
         """Measured engine start times (the planner's reconfiguration cost)."""
         self._used = {w.id for w in workers}
+        self.restarts = restarts
+        """Engines a worker may lose (crash, weights not delivered) and have replaced."""
+        self.restarts_left: dict[str, int] = {}
 
     # -- views ------------------------------------------------------------------------
 
@@ -159,20 +170,54 @@ class Fleet:
 
     # -- supervision ----------------------------------------------------------------------
 
-    async def watch(self, interval_s: float = 1.0) -> None:
-        """Runs until cancelled; raises `EndpointDown` (with the log's last error) when
-        an engine that serves exits (a crashed vLLM engine core takes its API server
-        down), so a run fails in one line instead of waiting on a bucket with no engine."""
+    async def watch(self, interval_s: float = 1.0, on_event: OnEvent | None = None) -> None:
+        """Runs until cancelled. An engine that exits while serving (a crashed vLLM
+        engine core takes its API server down) is replaced on its devices (`replace`);
+        when a worker has used up its restarts, or a restart fails, raises
+        `EndpointDown` (with the log's last error), so a run fails in one line instead
+        of waiting on a bucket with no engine."""
         while True:
-            for w in self.workers:
+            for w in list(self.workers):
                 e = w.engine
-                if e is not None and e.process.returncode is not None:
-                    raise EndpointDown(
-                        f"{e.kind} engine of {w.id} exited with code {e.process.returncode} "
-                        f"while serving; log {e.process.log_path}: {e.process.last_error()}",
-                        url=e.url,
-                    )
+                if e is not None and e.process.returncode is not None and w.role == "rollout":
+                    why = (f"exited with code {e.process.returncode} while serving; log "
+                           f"{e.process.log_path}: {e.process.last_error()}")  # fmt: skip
+                    await self.replace(w, why, on_event)
             await asyncio.sleep(interval_s)
+
+    async def replace_lost(self, lost: list[tuple[str, str]], on_event: OnEvent | None) -> None:
+        """Replace the engines a publication could not reach (`WeightsNotDelivered`):
+        they left the pool already; their weights may be half new."""
+        for url, why in lost:
+            for w in self.workers:
+                if w.engine is not None and w.engine.url == url and w.role == "rollout":
+                    await self.replace(w, f"weights not delivered: {why}", on_event)
+
+    async def replace(self, w: Worker, why: str, on_event: OnEvent | None = None) -> None:
+        """Stop `w`'s engine (dead, or no longer trusted) and start a new one on the same
+        devices, registered at the current version; at most `restarts` per worker."""
+        engine = w.engine
+        assert engine is not None
+        left = self.restarts_left.get(w.id, self.restarts)
+        if left <= 0:
+            raise EndpointDown(f"{engine.kind} engine of {w.id} {why} (no restart left: "
+                               f"{self.restarts} used)", url=engine.url)  # fmt: skip
+        self.restarts_left[w.id] = left - 1
+        w.role = "switching"  # no role switch or relayout picks it meanwhile
+        await self.weights.detach(engine.url, 0.0)  # its turns fail over to siblings
+        w.engine = None
+        await stop_engine(engine, self.launcher.stop_grace_s)
+        if on_event is not None:
+            on_event("engine-lost", worker=w.id, url=engine.url, why=why, restarts_left=left - 1)
+        t0 = time.monotonic()
+        try:
+            _, version = await self._serve(w, w.bucket or "", self.weights.start_weights())
+        except Exception as e:
+            raise EndpointDown(f"{engine.kind} engine of {w.id} {why}; its restart failed: "
+                               f"{e}", url=engine.url) from e  # fmt: skip
+        if on_event is not None:
+            on_event("engine-restarted", worker=w.id, url=w.engine.url if w.engine else None,
+                     version=version, start_s=round(time.monotonic() - t0, 2))  # fmt: skip
 
     async def close(self) -> None:
         """Stop every engine; a cancelled close still kills and reaps each one

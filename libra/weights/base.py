@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from libra.errors import WeightsNotDelivered
+
 
 @dataclass(frozen=True, slots=True)
 class Weights:
@@ -30,7 +32,9 @@ class WeightSync(Protocol):
 
     async def publish(self, version: int) -> float:
         """Take the trainer's weights as `version` into every registered endpoint, one
-        at a time (the others keep serving); returns the seconds it took."""
+        at a time (the others keep serving); returns the seconds it took. An endpoint
+        that fails to take them leaves the pool; once the others have them, raises
+        `WeightsNotDelivered` naming it."""
         ...
 
     async def attach(self, bucket: str, url: str, started_on: Weights) -> int:
@@ -45,4 +49,9 @@ class WeightSync(Protocol):
         ...
 
 
-__all__ = ["WeightSync", "Weights"]
+def not_delivered(version: int, lost: list[tuple[str, str]]) -> WeightsNotDelivered:
+    where = "; ".join(f"{url}: {why}" for url, why in lost)
+    return WeightsNotDelivered(f"weights v{version} not delivered to {where}", lost)
+
+
+__all__ = ["WeightSync", "Weights", "not_delivered"]

@@ -15,7 +15,7 @@ endpoint (the others keep serving):
 
 An endpoint whose transfer fails (it died, or its group broke mid-way, so its weights
 may be half old, half new) leaves the pool for good; the others still get the version,
-and `publish` then raises `EndpointDown` naming it. The sender is anything with the
+and `publish` then raises `WeightsNotDelivered` naming it. The sender is anything with the
 `Sender` calls: the trainer (`libra.train.handle.TrainerHandle`: rank 0 of core replica
 0 sends) or a process's own tensors (`libra.transfer.local.LocalSender`).
 
@@ -37,7 +37,7 @@ import aiohttp
 from libra.endpoints.pool import Endpoint, EndpointPool
 from libra.engine.weights import EndpointKind, post, server_base
 from libra.errors import EndpointDown, EndpointError
-from libra.weights.base import Weights
+from libra.weights.base import Weights, not_delivered
 
 DEFAULT_TIMEOUT_S = 120.0
 """How long a group's rendezvous and one transfer may wait for the other side."""
@@ -99,15 +99,15 @@ class BroadcastSync:
 
     async def publish(self, version: int) -> float:
         t0 = time.monotonic()
-        failed: list[str] = []
+        failed: list[tuple[str, str]] = []
         async with self._lock, aiohttp.ClientSession() as session:
             for ep in list(self.pool.endpoints()):
                 why = await self._bring(session, ep, version)
                 if why is not None:
-                    failed.append(why)
+                    failed.append((ep.url, why))
             self._current = Weights(version, "")
         if failed:
-            raise EndpointDown(f"weights v{version} not delivered: {'; '.join(failed)}")
+            raise not_delivered(version, failed)
         return time.monotonic() - t0
 
     async def attach(self, bucket: str, url: str, started_on: Weights) -> int:
@@ -122,8 +122,10 @@ class BroadcastSync:
 
     async def detach(self, url: str, drain_timeout_s: float) -> int:
         async with self._lock:
-            left = await self.pool.drain(url, drain_timeout_s)
-            await self.pool.remove_endpoint(url)
+            left = 0
+            if any(ep.url == url for ep in self.pool.endpoints()):  # else: lost already
+                left = await self.pool.drain(url, drain_timeout_s)
+                await self.pool.remove_endpoint(url)
             await self._close(url)
         return left
 
@@ -144,7 +146,7 @@ class BroadcastSync:
             await self._transfer(session, url)
             ep.version = version
         except (EndpointError, OSError, TimeoutError) as e:
-            why = f"{url}: {e}"
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
             self.lost.append((url, why))
             await self._close(url)
             await self.pool.remove_endpoint(url)

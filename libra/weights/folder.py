@@ -11,7 +11,9 @@ half: each registered endpoint loads the folder, one at a time
    reach the server between its pause and the reload and run on weights its stamp does
    not name);
 2. it loads the folder; its version becomes `v` (every later turn is stamped `v`);
-3. it admits turns again (also when the load failed).
+3. it admits turns again; if the load failed, it leaves the pool instead (its state is
+   unknown), the others still load the folder, and `publish` then raises
+   `WeightsNotDelivered` naming it.
 
 Endpoints that start later begin on `start_weights()`: the current folder for the
 embedded engine (a start takes seconds), the run's first folder for vLLM (never pruned:
@@ -32,7 +34,8 @@ import aiohttp
 
 from libra.endpoints.pool import EndpointPool
 from libra.engine.weights import EndpointKind, load_weights
-from libra.weights.base import Weights
+from libra.errors import EndpointError
+from libra.weights.base import Weights, not_delivered
 
 Writer = Callable[[str], Awaitable[object]]
 """The trainer half: write the current weights as an HF folder at the given path."""
@@ -92,6 +95,7 @@ class FolderSync:
         await self._write(folder)
         await asyncio.to_thread(prune, self.root, self.keep)
         wait_s = self.pool.config.request_timeout_s
+        lost: list[tuple[str, str]] = []
         async with self._lock, aiohttp.ClientSession() as session:
             for ep in list(self.pool.endpoints()):
                 await self.pool.set_admitting(ep.url, False)
@@ -100,9 +104,14 @@ class FolderSync:
                         await self.pool.drain(ep.url, wait_s)
                     await load_weights(session, ep.url, self.kind, folder)
                     ep.version = version
-                finally:
-                    await self.pool.set_admitting(ep.url, True)
+                except (EndpointError, OSError, TimeoutError) as e:
+                    lost.append((ep.url, str(e).splitlines()[0] if str(e) else repr(e)))
+                    await self.pool.remove_endpoint(ep.url)
+                    continue
+                await self.pool.set_admitting(ep.url, True)
             self._current = Weights(version, folder)
+        if lost:
+            raise not_delivered(version, lost)
         return time.monotonic() - t0
 
     async def attach(self, bucket: str, url: str, started_on: Weights) -> int:
@@ -115,6 +124,8 @@ class FolderSync:
 
     async def detach(self, url: str, drain_timeout_s: float) -> int:
         async with self._lock:
+            if not any(ep.url == url for ep in self.pool.endpoints()):
+                return 0  # a publication that could not reach it removed it already
             left = await self.pool.drain(url, drain_timeout_s)
             await self.pool.remove_endpoint(url)
         return left

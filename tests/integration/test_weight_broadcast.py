@@ -102,3 +102,69 @@ async def test_the_trainer_sends_its_own_weights(tiny_model: Path, tmp_path: Pat
     finally:
         await trainer.close()
     assert set(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.timeout(300)
+async def test_the_fleet_replaces_an_engine_a_publication_lost(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """`libra train`'s path after a lost transfer: the publication raises
+    `WeightsNotDelivered`, `Fleet.replace_lost` stops that engine and starts a new one
+    on the same worker, which joins a new group and is registered at the published
+    version with the published weights (it answers as the survivor does); a worker out
+    of restarts stops the run in one line."""
+    from libra.cluster.engines import EmbeddedLauncher
+    from libra.cluster.placement import Placement
+    from libra.errors import WeightsNotDelivered
+    from libra.train.workers import Fleet, Worker
+
+    s1 = make_model(tmp_path / "s1", seed=1)
+    tensors = {0: load_file(str(tiny_model / "model.safetensors")),
+               1: load_file(str(s1 / "model.safetensors"))}  # fmt: skip
+    now = {"v": 0}
+    workers = [Worker(f"rollout{i}", "core-rollout", "rollout", "b") for i in range(2)]
+    victim = workers[1]
+
+    class KillsVictim(LocalSender):
+        async def broadcast_send(self, gid: str, bucket_bytes: int) -> tuple[int, str | None]:
+            e = victim.engine
+            if e is not None and gid == e.url and now["v"] in (1, 3):
+                e.process.proc.kill()
+                await asyncio.to_thread(e.process.proc.wait)
+            return await super().broadcast_send(gid, bucket_bytes)
+
+    sender = KillsVictim(lambda: tensors[now["v"] % 2], version=lambda: now["v"])
+    bucket = BucketConfig(name="b", tp=1, bound=1024)
+    events: list[tuple[str, dict]] = []
+    async with EndpointPool([(bucket, [])], joined_later=True) as pool:
+        sync = BroadcastSync(sender=sender, pool=pool, kind="embedded",
+                             origin=Weights(0, str(tiny_model)), timeout_s=30)  # fmt: skip
+        fleet = Fleet(workers, launcher=EmbeddedLauncher(), placement=Placement("cpu"),
+                      weights=sync, bucket_tp={"b": 1}, log_dir=tmp_path / "logs",
+                      restarts=1)  # fmt: skip
+        try:
+            await fleet.start()
+            lost_url = victim.engine.url if victim.engine else ""
+            now["v"] = 1
+            with pytest.raises(WeightsNotDelivered) as err:
+                await sync.publish(1)
+            assert [u for u, _ in err.value.lost] == [lost_url]
+            await fleet.replace_lost(err.value.lost, lambda e, **f: events.append((e, f)))
+            assert victim.role == "rollout" and victim.engine is not None
+            assert victim.engine.url != lost_url
+            eps = {e.url: e.version for e in pool.endpoints()}
+            assert eps == {workers[0].engine.url: 1, victim.engine.url: 1}  # type: ignore[union-attr]
+            model = str(tiny_model)
+            assert await greedy(victim.engine.url, model) == await greedy(
+                workers[0].engine.url,  # type: ignore[union-attr]
+                model,
+            )
+            assert [e for e, _ in events] == ["engine-lost", "engine-restarted"]
+
+            now["v"] = 3  # dies again: its one restart is used up
+            with pytest.raises(WeightsNotDelivered) as err:
+                await sync.publish(3)
+            with pytest.raises(EndpointDown, match="no restart left"):
+                await fleet.replace_lost(err.value.lost, None)
+        finally:
+            await fleet.close()
