@@ -128,3 +128,31 @@ def spawn_fake(tiny_model: Path) -> Iterator[callable]:
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """A local Ray cluster of three nodes on this machine, shared by every Ray test: a
+    head without CPUs (nothing is placed there) and two nodes of one logical CPU each,
+    so that engines reserving a CPU each land on different nodes. Dashboard off, small
+    object stores. Skips without ray (fails under CI=true)."""
+    import importlib.util
+
+    need(
+        importlib.util.find_spec("ray") is not None,
+        "ray is not installed (pip install 'libra-rl[ray]')",
+    )
+    from ray.cluster_utils import Cluster
+
+    small = 80 << 20  # bytes of object store per node: Libra puts nothing big there
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": small},
+    )
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, object_store_memory=small)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()

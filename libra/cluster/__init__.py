@@ -4,8 +4,9 @@
     process.py     the one spawn / health / stop of child processes
     engines.py     inference engines on their slots (embedded, vLLM), one protocol
     vllm.py        vLLM server command lines and environments (and a blocking launcher)
-    config.py      `[fleet.vllm]` settings
+    raylaunch.py   the same engines inside Ray actors on a cluster's nodes
+    config.py      `[cluster]` and `[fleet.vllm]` settings
 
-Local processes today; a Ray launcher is the second implementation of the same
-protocol (docs/architecture.md).
+Local processes by default; with `[cluster] backend = "ray"` the Ray launcher is the
+second implementation of the same protocol (docs/cluster.md).
 """

@@ -1,13 +1,41 @@
-"""Settings of the engines the cluster layer launches (the `[fleet.vllm]` section of a
-`libra train` config)."""
+"""Settings of the cluster layer in a `libra train` config: where workers are placed
+(`[cluster]`) and how vLLM engines are launched (`[fleet.vllm]`)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from libra.config import Config
+
+
+class ClusterSection(Config):
+    """`[cluster]`: where the run's workers run (docs/cluster.md)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """`local`: processes on this machine. `ray`: every rollout engine starts inside a
+    Ray actor, placed through its own placement group on a node with the CPUs (and
+    GPUs) it needs (`pip install 'libra-rl[ray]'`); the trainer stays on this machine."""
+    address: str = "auto"
+    """`ray`: the cluster to join. `auto`: the one `ray start` runs here (or
+    `$RAY_ADDRESS`); `HOST:PORT`: its head's GCS address; `ray://HOST:10001`: through
+    Ray Client; `local`: a one-node Ray started inside this run."""
+    engine_cpus: float = Field(1.0, gt=0)
+    """`ray`: logical CPUs an embedded engine reserves on its node (it runs
+    `fleet.engine_threads` torch threads)."""
+    placement_timeout_s: float = Field(300.0, gt=0)
+    """`ray`: how long an engine may wait for a node with its resources before the run
+    stops, naming them."""
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v in ("auto", "local") or v.startswith("ray://") or v.rpartition(":")[2].isdigit():
+            return v
+        raise ValueError(
+            f"{v!r} is no Ray address: use 'auto', 'local', 'HOST:PORT' or 'ray://HOST:PORT'"
+        )
 
 
 class VllmSection(Config):
@@ -42,4 +70,4 @@ class VllmSection(Config):
     """SIGTERM to SIGKILL of an instance's process group."""
 
 
-__all__ = ["VllmSection"]
+__all__ = ["ClusterSection", "VllmSection"]

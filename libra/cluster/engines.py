@@ -12,8 +12,8 @@ whole process group. Two kinds, one protocol:
   SIGTERM while it starts).
 
 `Launched` starts a fixed set of embedded engines for one job (`libra rollout` buckets
-with `launch = N`). The Ray backend adds a launcher that starts the same engines inside
-actors on other nodes.
+with `launch = N`). The Ray backend (`libra.cluster.raylaunch.RayLauncher`) runs these
+same launchers inside actors on other nodes; its engines' process is a `RemoteProcess`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from libra.cluster import process, vllm
 from libra.cluster.config import VllmSection
@@ -36,6 +36,23 @@ SERVED_NAME = "libra-policy"
 change, the name does not)."""
 
 
+@runtime_checkable
+class RemoteProcess(Protocol):
+    """An engine's process on another node, seen from here (a Ray actor holds the
+    `process.Child`): the same fields as a `Child`, and its own stop and kill."""
+
+    name: str
+    url: str
+    start_s: float
+    log_path: Path
+
+    @property
+    def returncode(self) -> int | None: ...
+    def last_error(self) -> str: ...
+    async def stop(self, grace_s: float) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass(eq=False, slots=True)
 class Engine:
     """A worker's running inference engine."""
@@ -43,8 +60,9 @@ class Engine:
     worker: str
     kind: EndpointKind
     """How weights are loaded into it (`libra.engine.weights.load_weights`)."""
-    process: process.Child
+    process: process.Child | RemoteProcess
     slot: Slot
+    """Where it runs: the placement's slot, or the node and devices Ray gave it."""
 
     @property
     def url(self) -> str:
@@ -70,8 +88,20 @@ class EngineLauncher(Protocol):
 
 
 async def stop_engine(engine: Engine, grace_s: float) -> None:
-    """SIGTERM its process group, SIGKILL after `grace_s`; always reaps it."""
-    await process.stop(engine.process, grace_s)
+    """SIGTERM its process group, SIGKILL after `grace_s`; always reaps it (on its node,
+    for a remote one)."""
+    if isinstance(engine.process, process.Child):
+        await process.stop(engine.process, grace_s)
+    else:
+        await engine.process.stop(grace_s)
+
+
+def kill_engine(engine: Engine) -> None:
+    """SIGKILL its process group now (last resort, synchronous)."""
+    if isinstance(engine.process, process.Child):
+        process.kill(engine.process)
+    else:
+        engine.process.kill()
 
 
 @dataclass(slots=True)
@@ -87,19 +117,21 @@ class EmbeddedLauncher:
     """More `libra serve-engine` flags."""
     kind: EndpointKind = "embedded"
     stop_grace_s: float = 10.0
+    host: str = "127.0.0.1"
+    """Address the engine binds to and is reached at (its node's, on a Ray node)."""
 
     async def start(
         self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
     ) -> Engine:
         port = process.free_port()
         cmd = [sys.executable, "-m", "libra", "serve-engine", "--model", str(model_dir),
-               "--host", "127.0.0.1", "--port", str(port), "--threads", str(self.threads),
+               "--host", self.host, "--port", str(port), "--threads", str(self.threads),
                "--max-num-seqs", str(self.max_num_seqs), *self.extra_args]  # fmt: skip
         child = process.spawn(
             f"engine {worker}",
             cmd,
             log_path=log_dir / f"engine-{worker}.log",
-            url=f"http://127.0.0.1:{port}",
+            url=f"http://{self.host}:{port}",
             death_signal=signal.SIGTERM,
         )
         await process.wait_healthy(child, self.startup_timeout_s)
@@ -115,6 +147,8 @@ class VllmLauncher:
     """The interpreter of the venv with vLLM (`libra.train.placement.check` found it)."""
     max_num_seqs: int = 64
     kind: EndpointKind = "vllm"
+    host: str = "127.0.0.1"
+    """Address the server binds to and is reached at."""
 
     @property
     def stop_grace_s(self) -> float:
@@ -133,6 +167,7 @@ class VllmLauncher:
             model=model_dir,
             servers=[],
             python=self.python,
+            host=self.host,
             device=s.device,
             served_model_name=SERVED_NAME,
             max_model_len=s.max_model_len,
@@ -161,7 +196,7 @@ class VllmLauncher:
             vllm.command(launch, server),
             log_path=log_dir / f"vllm-{worker}.log",
             env=vllm.environment(launch, server),
-            url=f"http://127.0.0.1:{port}",
+            url=f"http://{self.host}:{port}",
         )
         await process.wait_healthy(child, self.section.startup_timeout_s)
         return Engine(worker, self.kind, child, slot)
@@ -220,6 +255,8 @@ __all__ = [
     "Engine",
     "EngineLauncher",
     "Launched",
+    "RemoteProcess",
     "VllmLauncher",
+    "kill_engine",
     "stop_engine",
 ]

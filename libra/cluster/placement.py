@@ -15,7 +15,11 @@ Device kinds:
   TP rank to a core); on a small machine several workers share a core.
 - `cpu` without cores: unpinned (embedded engines, the CPU trainer): the OS schedules.
 
-One node (`local`) today; the Ray launcher adds nodes, and a TP instance never spans two.
+On one machine every slot is on node `local`. With `[cluster] backend = "ray"` the
+placement holds this machine's node (the trainer's replicas run here) and Ray picks a
+node for each engine (`libra.cluster.raylaunch`): the fleet records the slot it got
+(`placed`), so `nodes()` names every worker's node. An engine is one actor with one
+placement-group bundle: a TP instance never spans two nodes.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class Slot:
     """The devices one worker runs on."""
 
     node: str
-    """Node id (`local` on one machine)."""
+    """Node id (`local` on one machine; the Ray node id on a Ray cluster)."""
     kind: DeviceKind
     devices: tuple[int, ...] = ()
     """GPU ids (`cuda`) or CPU cores (`cpu`); empty: any CPU core."""
@@ -87,6 +91,10 @@ class Placement:
         self.slots[worker] = Slot(self.node, "cpu")
         return self.slots[worker]
 
+    def placed(self, worker: str, slot: Slot) -> None:
+        """`worker`'s engine runs on `slot` (Ray chose its node and devices)."""
+        self.slots[worker] = slot
+
     def release(self, worker: str) -> None:
         """`worker` is gone for good (a layout change): its devices are free again."""
         self.slots.pop(worker, None)
@@ -94,6 +102,10 @@ class Placement:
     def by_worker(self) -> dict[str, str]:
         """worker -> where it runs, for logs and the dry run."""
         return {w: s.describe() for w, s in self.slots.items()}
+
+    def nodes(self) -> dict[str, str]:
+        """worker -> the node it runs on, for the event log."""
+        return {w: s.node for w, s in self.slots.items()}
 
 
 __all__ = ["DeviceKind", "Placement", "Slot"]

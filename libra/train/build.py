@@ -214,6 +214,7 @@ async def build_run(
             trainer_start_s=trainer_start_s,
             roles=fleet.by_role(),
             placement=where.by_worker(),
+            nodes=where.nodes(),
         )
 
         routing = {"tree_path": str(out / "routing-tree.json"), **cfg.rollout.routing}

@@ -10,6 +10,7 @@
     [trainer]      the elastic GRPO trainer (`libra.trainer.TrainerConfig`, less `model`)
     [fleet]        workers and their roles: core rollout, core training, hybrids
     [planner]      hardware profile and the replan policy
+    [cluster]      where workers run: this machine, or a Ray cluster
     [report]       display, plots, TensorBoard, checkpoints
 
 A bad value fails at load with its path: `examples/x.toml: rollout.group_size: Input
@@ -22,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from libra.cluster.config import VllmSection
+from libra.cluster.config import ClusterSection, VllmSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.planner.replan import ReplanConfig
@@ -269,6 +270,7 @@ class TrainConfig(Config):
     weights: WeightsSection = Field(default_factory=WeightsSection)
     fleet: FleetSection = Field(default_factory=FleetSection)
     planner: PlannerSection = Field(default_factory=PlannerSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
     report: ReportSection = Field(default_factory=ReportSection)
 
     @model_validator(mode="after")

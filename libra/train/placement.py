@@ -7,7 +7,9 @@ Computed once, when the run is built (`libra.cluster.placement`):
 - placement: every rollout-capable worker (core rollout at its bucket's TP, hybrid at
   the first bucket's) gets its devices now, in that order, and keeps them; training
   replicas run on the node's CPUs (the trainer is CPU-only);
-- the engine launcher: embedded engines, or vLLM servers (`fleet.kind = "vllm"`).
+- the engine launcher: embedded engines, or vLLM servers (`fleet.kind = "vllm"`); with
+  `[cluster] backend = "ray"`, embedded engines in Ray actors on the cluster's nodes
+  (`libra.cluster.raylaunch`), and the placement holds this machine's Ray node.
 
 `check` runs before anything starts: a vllm fleet without a vLLM interpreter, or GPUs
 that do not cover its instances, fails in one line naming the field and the fix.
@@ -113,7 +115,11 @@ def workers(cfg: TrainConfig, hybrids_training: int) -> list[Worker]:
 def placement(cfg: TrainConfig, ws: list[Worker]) -> Placement:
     """Devices of every worker (module doc); raises `ConfigError` when they do not fit."""
     f = cfg.fleet
-    if f.kind == "embedded":
+    if cfg.cluster.backend == "ray":  # Ray picks each engine's node; the trainer runs here
+        from libra.cluster.raylaunch import this_node
+
+        where = Placement("cpu", node=this_node())
+    elif f.kind == "embedded":
         where = Placement("cpu")  # unpinned processes
     elif f.vllm.device == "cuda":
         where = Placement("cuda", tuple(f.vllm.gpus), field_name="fleet.vllm.gpus")
@@ -133,8 +139,21 @@ def placement(cfg: TrainConfig, ws: list[Worker]) -> Placement:
 
 
 def launcher(cfg: TrainConfig) -> EngineLauncher:
-    """How the fleet's engines start; a vllm fleet is checked first (`check`)."""
+    """How the fleet's engines start; a vllm fleet is checked first (`check`); with
+    `cluster.backend = "ray"` this joins the Ray cluster."""
     f = cfg.fleet
+    if cfg.cluster.backend == "ray":
+        if f.kind != "embedded":
+            raise ConfigError(
+                "cluster.backend = 'ray' places embedded engines only so far; vLLM servers on "
+                "Ray are not done yet (#21): set fleet.kind = 'embedded' or cluster.backend "
+                "= 'local'"
+            )
+        from libra.cluster.raylaunch import RayLauncher, connect
+
+        connect(cfg.cluster)
+        local = EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
+        return RayLauncher(local, cfg.cluster)
     if f.kind == "embedded":
         return EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
     return VllmLauncher(f.vllm, check(cfg), max_num_seqs=f.engine_max_num_seqs)

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from libra.cluster import process
-from libra.cluster.engines import Engine, EngineLauncher, stop_engine
+from libra.cluster.engines import Engine, EngineLauncher, kill_engine, stop_engine
 from libra.cluster.placement import Placement
 from libra.errors import EndpointDown
 from libra.weights import Weights, WeightSync
@@ -119,6 +118,7 @@ class Fleet:
         tp = self.bucket_tp.get(bucket, 1)
         slot = self.placement.assign(w.id, tp)
         engine = await self.launcher.start(w.id, tp, slot, weights.folder, self.log_dir)
+        self.placement.placed(w.id, engine.slot)  # Ray picks the node
         try:
             version = await self.weights.attach(bucket, engine.url, weights)
         except BaseException:
@@ -232,7 +232,7 @@ class Fleet:
         """Last resort (synchronous): SIGKILL every engine still running."""
         for w in self.workers:
             if w.engine is not None:
-                process.kill(w.engine.process)
+                kill_engine(w.engine)
 
 
 __all__ = ["Fleet", "Role", "Worker"]

@@ -1,0 +1,257 @@
+"""Engines on the nodes of a Ray cluster (`[cluster] backend = "ray"`).
+
+`RayLauncher` is an `EngineLauncher` that wraps a local one (`EmbeddedLauncher`). To
+start a worker's engine it asks Ray for a placement group of one bundle (the engine's
+CPUs, and GPUs at its TP size for a GPU engine), waits until a node holds it, and starts
+an `EngineHost` actor in it. The actor runs the wrapped launcher *on its node*: the
+engine is a child of the actor in its own process group (`libra.cluster.process`),
+bound to the node's address; the actor reports the URL, the node id and the devices.
+
+Stopping an engine stops its process group from inside the actor, then kills the actor
+and removes its placement group. Ray reaps only one level below an actor (and nothing
+on a crash), so the process group is what makes an engine's children go too; an actor
+killed outright takes its engine with it through the parent-death signal the child was
+spawned with.
+
+`ray` is imported here only, and only when the backend is asked for: without it the
+run stops in one line naming the install command.
+
+Not done yet (docs/cluster.md): vLLM servers on Ray, trainer replicas on Ray nodes,
+node loss beyond "the engine is gone" (`returncode` reports a lost actor as exited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libra.cluster import process
+from libra.cluster.config import ClusterSection
+from libra.cluster.engines import EmbeddedLauncher, Engine
+from libra.cluster.placement import DeviceKind, Slot
+from libra.engine.weights import EndpointKind
+from libra.errors import ConfigError, EndpointError
+
+INSTALL = "pip install 'libra-rl[ray]'"
+LOST = -1
+"""`returncode` of an engine whose actor is gone (its node was lost, or it was killed)."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            f"cluster.backend = 'ray' needs Ray, which is not installed: {INSTALL}"
+        ) from None
+    return ray
+
+
+def connect(section: ClusterSection) -> None:
+    """Join the cluster at `section.address` (once per process)."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    address = None if section.address == "local" else section.address
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 namespace="libra")  # fmt: skip
+    except ConnectionError as e:
+        raise ConfigError(
+            f"cluster.address: no Ray cluster at {section.address!r} ({e}); start one "
+            "(`ray start --head`) or set cluster.address"
+        ) from None
+
+
+def this_node() -> str:
+    """The Ray node id of this process (where the trainer runs); `driver` when it is no
+    Ray node (Ray Client) or Ray is not started."""
+    try:
+        import ray
+    except ImportError:
+        return "driver"
+    if not ray.is_initialized():
+        return "driver"
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # Ray Client: this process is no node
+        return "driver"
+
+
+class EngineHost:
+    """Runs in a Ray actor on its node: starts one engine there and answers for it."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    async def start(
+        self, launcher: EmbeddedLauncher, worker: str, tp: int, model_dir: str, log_dir: str
+    ) -> dict[str, Any]:
+        import ray
+
+        gpus = tuple(int(g) for g in ray.get_gpu_ids())
+        slot = Slot(str(ray.get_runtime_context().get_node_id()), "cuda" if gpus else "cpu", gpus)
+        here = dataclasses.replace(launcher, host=ray.util.get_node_ip_address())
+        self.engine = e = await here.start(worker, tp, slot, model_dir, Path(log_dir))
+        assert isinstance(e.process, process.Child)
+        return {"url": e.url, "start_s": e.start_s, "node": slot.node, "devices": gpus,
+                "log_path": str(e.process.log_path), "name": e.process.name,
+                "pid": e.process.pid}  # fmt: skip
+
+    async def returncode(self) -> int | None:
+        return self._child().returncode
+
+    async def last_error(self) -> str:
+        return self._child().last_error()
+
+    async def stop(self, grace_s: float) -> None:
+        await process.stop(self._child(), grace_s)
+
+    async def kill(self) -> None:
+        process.kill(self._child())
+
+    def _child(self) -> process.Child:
+        assert self.engine is not None and isinstance(self.engine.process, process.Child)
+        return self.engine.process
+
+
+@dataclass(eq=False)
+class RayProcess:
+    """An engine inside its actor, seen from the driver (`engines.RemoteProcess`)."""
+
+    name: str
+    url: str
+    start_s: float
+    log_path: Path
+    """On the engine's node (the same path here with a shared filesystem)."""
+    node: str
+    pid: int
+    """The engine's process id on its node (its process group's id too)."""
+    actor: Any
+    group: Any
+    """Its placement group."""
+    _poll: Any = None
+    _code: int | None = None
+    _lost: str = ""
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs. Never blocks: each call collects the answer of the
+        previous one's poll and sends the next; a lost actor reads as `LOST`."""
+        if self._code is not None:
+            return self._code
+        ray = _ray()
+        if self._poll is None:
+            self._poll = self.actor.returncode.remote()
+            return None
+        ready, _ = ray.wait([self._poll], timeout=0)
+        if not ready:
+            return None
+        poll, self._poll = self._poll, None
+        try:
+            self._code = ray.get(poll)
+        except ray.exceptions.RayError as e:
+            self._code, self._lost = LOST, f"its Ray actor on node {self.node} is gone: {e}"
+        return self._code
+
+    def last_error(self) -> str:
+        if self._lost:
+            return self._lost[:300]
+        ray = _ray()
+        try:
+            return str(ray.get(self.actor.last_error.remote(), timeout=10))
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            return f"(log on node {self.node} unreadable: {e})"[:300]
+
+    async def stop(self, grace_s: float) -> None:
+        ray = _ray()
+        try:
+            async with asyncio.timeout(grace_s + 15):
+                await self.actor.stop.remote(grace_s)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # the actor is gone or stuck: killing it signals the engine (module doc)
+        finally:
+            self._release(ray)
+
+    def kill(self) -> None:
+        ray = _ray()
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            ray.get(self.actor.kill.remote(), timeout=5)
+        self._release(ray)
+
+    def _release(self, ray: Any) -> None:
+        with contextlib.suppress(Exception):  # already dead / removed: nothing to free
+            ray.kill(self.actor)
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(self.group)
+
+
+@dataclass(slots=True)
+class RayLauncher:
+    """Starts `local`'s engines in Ray actors (module doc)."""
+
+    local: EmbeddedLauncher
+    section: ClusterSection = field(default_factory=ClusterSection)
+
+    @property
+    def kind(self) -> EndpointKind:
+        return self.local.kind
+
+    @property
+    def stop_grace_s(self) -> float:
+        return self.local.stop_grace_s
+
+    def bundle(self, tp: int) -> dict[str, float]:
+        """What one engine reserves on its node."""
+        return {"CPU": self.section.engine_cpus * tp}
+
+    async def start(
+        self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
+    ) -> Engine:
+        """`slot` is ignored: Ray picks the node (the engine's `slot` says which)."""
+        ray = _ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = self.bundle(tp)
+        group = placement_group([bundle], strategy="STRICT_PACK", name=f"libra-{worker}")
+        actor = None
+        try:
+            wait = self.section.placement_timeout_s
+            try:
+                async with asyncio.timeout(wait):
+                    await group.ready()
+            except TimeoutError:
+                raise EndpointError(
+                    f"engine {worker}: no Ray node had {bundle} free within {wait:g} s "
+                    "(`ray status` shows the cluster's resources); add nodes or lower "
+                    "cluster.engine_cpus"
+                ) from None
+            host = ray.remote(EngineHost).options(
+                num_cpus=bundle["CPU"],
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=0
+                ),
+            )
+            actor = host.remote()
+            info = await actor.start.remote(self.local, worker, tp, model_dir, str(log_dir))
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                if actor is not None:
+                    ray.kill(actor)
+                ray.util.remove_placement_group(group)
+            if isinstance(e, ray.exceptions.RayError):  # the engine failed on its node
+                why = getattr(e, "cause", None) or e
+                raise EndpointError(f"engine {worker} on its Ray node: {why}") from None
+            raise
+        remote = RayProcess(info["name"], info["url"], info["start_s"], Path(info["log_path"]),
+                            info["node"], info["pid"], actor, group)  # fmt: skip
+        kind: DeviceKind = "cuda" if info["devices"] else "cpu"
+        return Engine(worker, self.kind, remote, Slot(info["node"], kind, tuple(info["devices"])))
+
+
+__all__ = ["INSTALL", "LOST", "EngineHost", "RayLauncher", "RayProcess", "connect", "this_node"]
