@@ -166,7 +166,9 @@ class Reconfigurer:
             self.report.event("switch-start", worker=w.id, to="train")
             took = await to_training(self.fleet, self.trainer, w)
             self._switched()
-            self.report.event("switch-done", worker=w.id, to="train", **took)
+            # a training replica runs on this machine's node (docs/cluster.md)
+            self.report.event("switch-done", worker=w.id, to="train",
+                              node=self.fleet.placement.node, **took)  # fmt: skip
             self._to_train_s = took["total_s"]
             self._cost(to_train_s=took["total_s"])
         while len(self.fleet.hybrids("train")) > target.train:
@@ -174,7 +176,8 @@ class Reconfigurer:
             self.report.event("switch-start", worker=w.id, to="rollout")
             took = await to_rollout(self.fleet, self.trainer, w, self.bucket)
             self._switched()
-            self.report.event("switch-done", worker=w.id, to="rollout", **took)
+            node = w.engine.slot.node if w.engine is not None else None
+            self.report.event("switch-done", worker=w.id, to="rollout", node=node, **took)
             self._cost(to_rollout_s=took["total_s"])
         if target.layout and target.layout != self.layout():
             await self.relayout(target.layout)

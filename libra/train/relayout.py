@@ -81,7 +81,8 @@ async def relayout(fleet: Fleet, want: dict[str, int], note: Note) -> dict[str, 
         restarts.append(time.monotonic() - freed_at)
         assert w.engine is not None
         note("instance-started", worker=w.id, bucket=bucket, tp=tp[bucket],
-             engine_start_s=w.engine.start_s, version=version)  # fmt: skip
+             node=w.engine.slot.node, engine_start_s=w.engine.start_s,
+             version=version)  # fmt: skip
 
     for i, step in enumerate(steps):
         bucket = step[1:]

@@ -163,5 +163,7 @@ async def test_relayout_drains_restarts_and_loses_no_episode(
             assert all(
                 e["version"] == 1 for e in events if e["event"] == "instance-started"
             )  # registered at the version loaded (the publication ran during the start)
+            # ... and each names its node (one machine: `local`; Ray: the node id)
+            assert {e["node"] for e in events if e["event"] == "instance-started"} == {"local"}
     finally:
         await fleet.close()
