@@ -22,7 +22,7 @@ import asyncio
 import os
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -134,9 +134,27 @@ class AsyncClient:
     async def cancel(self, batch_id: str) -> dict[str, Any]:
         return await self._call("DELETE", f"/v1/rollouts/{batch_id}")
 
-    async def update_weights(self, version: int, path: str) -> dict[str, Any]:
-        """Load checkpoint folder `path` into every endpoint; later turns carry `version`."""
-        return await self._call("POST", "/v1/weights", {"version": version, "path": path})
+    async def update_weights(
+        self, version: int, path: str | None = None, *, sender: str | None = None
+    ) -> dict[str, Any]:
+        """Load checkpoint folder `path` into every endpoint, or have them receive the
+        tensors of the broadcast `sender` (a `libra.weights.remote.serve_sender` URL in
+        this process: `broadcast_weights` does both); later turns carry `version`."""
+        body: dict[str, Any] = {"version": version}
+        body |= {"path": path} if sender is None else {"sender": sender}
+        return await self._call("POST", "/v1/weights", body)
+
+    async def broadcast_weights(
+        self, version: int, tensors: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1"
+    ) -> dict[str, Any]:
+        """Send `tensors()` (name -> torch tensor, HF names, as a checkpoint holds them)
+        straight from this process's memory into every endpoint: no file. The engines
+        connect to `host` (an address of this machine they can reach). Needs torch."""
+        from libra.transfer.local import LocalSender
+        from libra.weights.remote import serve_sender
+
+        async with serve_sender(LocalSender(tensors, version=lambda: version), host) as url:
+            return await self.update_weights(version, sender=url)
 
     async def healthy(self) -> bool:
         try:
@@ -295,6 +313,11 @@ class Client:
 
     def update_weights(self, version: int, path: str) -> dict[str, Any]:
         return dict(self._runner.run(self._c.update_weights(version, path)))
+
+    def broadcast_weights(
+        self, version: int, tensors: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1"
+    ) -> dict[str, Any]:
+        return dict(self._runner.run(self._c.broadcast_weights(version, tensors, host=host)))
 
     def healthy(self) -> bool:
         return bool(self._runner.run(self._c.healthy()))

@@ -33,7 +33,7 @@ from libra.service.intake import parse_body, parse_submit
 from libra.service.manager import BatchManager
 from libra.service.metrics import render
 from libra.service.stream import episode_chunks, group_chunks
-from libra.service.weights import update_all, weights_folder
+from libra.service.weights import broadcast_all, sender_url, update_all, weights_folder
 
 log = logging.getLogger("libra.service")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -161,7 +161,6 @@ async def trajectories(request: web.Request) -> web.StreamResponse:
 
 
 async def weights(request: web.Request) -> web.StreamResponse:
-    manager = request.app[MANAGER]
     req = await _body(request, WeightsRequest)
     try:
         import libra.engine.weights  # noqa: F401
@@ -170,21 +169,38 @@ async def weights(request: web.Request) -> web.StreamResponse:
             501, "weight updates need libra.engine.weights (not installed)"
         ) from None
     cfg = request.app[CONFIG]
+    exposed = not is_loopback(cfg.host)
+    if req.sender is not None:
+        sender = sender_url(req.sender, request.remote, exposed=exposed)
+        ranks = {b.name: b.tp for b in cfg.buckets}
+        async with request.app[WEIGHTS_LOCK]:
+            results = await broadcast_all(request.app[POOL], cfg.endpoint_kind, req.version,
+                                          sender, ranks)  # fmt: skip
+            return await _weights_done(request, req.version, {"sender": sender}, results)
+    assert req.path is not None
     folder = await asyncio.to_thread(  # realpath touches the filesystem
-        weights_folder, req.path, cfg.weights_dirs, exposed=not is_loopback(cfg.host),
+        weights_folder, req.path, cfg.weights_dirs, exposed=exposed,
         local=cfg.check_weights_locally,
     )  # fmt: skip
     async with request.app[WEIGHTS_LOCK]:
         results = await update_all(request.app[POOL], cfg.endpoint_kind, req.version, folder,
                                    check_local=cfg.check_weights_locally)  # fmt: skip
-        ok = [u for u, r in results.items() if r["status"] == "ok"]
-        for r in results.values():
-            manager.metrics.weight_updates[r["status"]] += 1
-        if ok:
-            if manager.workers is not None:
-                manager.workers.set_version(req.version, ok)
-            await asyncio.to_thread(manager.set_version, req.version)
-    doc = {"version": req.version, "path": req.path, "endpoints": results}
+        return await _weights_done(request, req.version, {"path": req.path}, results)
+
+
+async def _weights_done(
+    request: web.Request, version: int, source: dict[str, str], results: dict[str, Any]
+) -> web.StreamResponse:
+    """Count the outcome, stamp the version where it loaded, answer (502: not everywhere)."""
+    manager = request.app[MANAGER]
+    ok = [u for u, r in results.items() if r["status"] == "ok"]
+    for r in results.values():
+        manager.metrics.weight_updates[r["status"]] += 1
+    if ok:
+        if manager.workers is not None:
+            manager.workers.set_version(version, ok)
+        await asyncio.to_thread(manager.set_version, version)
+    doc = {"version": version, **source, "endpoints": results}
     if len(ok) < len(results):
         doc["error"] = f"{len(results) - len(ok)} of {len(results)} endpoints did not load it"
         return _json(doc, 502)

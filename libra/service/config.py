@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
@@ -154,8 +154,18 @@ class WeightsRequest(Config):
 
     version: int = Field(ge=0)
     """Policy version stamped on turns served after the load."""
-    path: str
+    path: str | None = None
     """Checkpoint folder, as the endpoints see it."""
+    sender: str | None = None
+    """Instead of `path`: the URL of a broadcast sender (`libra.weights.remote.serve_sender`
+    in the trainer's process) whose tensors the endpoints receive over gloo."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WeightsRequest:
+        if (self.path is None) == (self.sender is None):
+            raise ValueError("give exactly one of path (a checkpoint folder) and sender "
+                             "(a broadcast sender's URL)")  # fmt: skip
+        return self
 
 
 __all__ = [

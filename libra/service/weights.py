@@ -20,8 +20,9 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from libra.auth import is_loopback
 from libra.endpoints.pool import Endpoint, EndpointPool
-from libra.errors import ConfigError, LibraError
+from libra.errors import ConfigError, EndpointDown, LibraError, WeightsNotDelivered
 from libra.service.errors import RequestError
 
 Kind = Literal["embedded", "vllm"]
@@ -96,4 +97,77 @@ async def update_all(
     return {ep.url: r for ep, r in zip(eps, results, strict=True)}
 
 
-__all__ = ["detect_kind", "update_all", "weights_folder"]
+def sender_url(url: str, peer: str | None, *, exposed: bool) -> str:
+    """The broadcast sender a request names, or a `RequestError` (403): the service
+    calls it and the engines connect to its host, so it must run on the requesting
+    host (or on loopback, for a service that is itself loopback-only)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme != "http" or not host or parts.port is None:
+        raise RequestError(400, f"sender {url!r} is not an http://HOST:PORT URL "
+                                "(libra.weights.remote.serve_sender gives one)")  # fmt: skip
+    if host == peer or (not exposed and is_loopback(host)):
+        return url
+    raise RequestError(403, f"sender {url!r} is not on the requesting host ({peer}): "
+                            "run the sender in the process that asks for the update, on "
+                            "an address of its host this service can reach")  # fmt: skip
+
+
+async def broadcast_all(
+    pool: EndpointPool,
+    kind: str,
+    version: int,
+    sender: str,
+    ranks: dict[str, int],
+) -> dict[str, Any]:
+    """Broadcast the sender's tensors into every healthy endpoint, one at a time
+    (`libra.weights.BroadcastSync`); an endpoint whose transfer fails leaves the pool
+    (its weights may be half new). Returns {url: {"status": ok|error|skipped, ...}}."""
+    from urllib.parse import urlsplit
+
+    from libra.weights import BroadcastSync, Weights
+    from libra.weights.broadcast import DEFAULT_TIMEOUT_S as timeout_s
+    from libra.weights.remote import RemoteSender
+
+    out: dict[str, Any] = {}
+    kinds: dict[Kind, list[str]] = {}
+    for ep in pool.endpoints():
+        if not ep.healthy:
+            out[ep.url] = {"status": "skipped", "error": "endpoint is down; it keeps its version"}
+            continue
+        try:
+            k = KINDS[kind] if kind != "auto" else await detect_kind(pool.session, ep.url)
+        except (LibraError, aiohttp.ClientError, TimeoutError, OSError) as e:
+            out[ep.url] = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+            continue
+        kinds.setdefault(k, []).append(ep.url)
+    host = urlsplit(sender).hostname or ""
+    async with aiohttp.ClientSession() as session:
+        remote = RemoteSender(sender, session, timeout_s=timeout_s + 60)
+        try:
+            await remote.broadcast_metas()  # reachable, and it has tensors to send
+        except EndpointDown as e:
+            raise RequestError(502, f"{e}: start the sender (serve_sender) on an address "
+                                    "this service can reach, and keep it up") from None  # fmt: skip
+        for k, urls in kinds.items():
+            sync = BroadcastSync(
+                sender=remote, pool=pool, kind=k, origin=Weights(-1, ""), host=host,
+                ranks=ranks if k == "vllm" else {}, timeout_s=timeout_s,
+            )  # fmt: skip
+            try:
+                await sync.publish(version, only=urls)
+            except WeightsNotDelivered:
+                pass  # in sync.lost
+            finally:
+                await sync.close()
+            lost = dict(sync.lost)
+            for url in urls:
+                ok = {"status": "ok", "kind": k, "version": version}
+                bad = {"status": "error", "error": lost.get(url), "left_pool": True}
+                out[url] = bad if url in lost else ok
+    return out
+
+
+__all__ = ["broadcast_all", "detect_kind", "sender_url", "update_all", "weights_folder"]

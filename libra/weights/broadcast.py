@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 import aiohttp
@@ -97,11 +97,14 @@ class BroadcastSync:
     def start_weights(self) -> Weights:
         return self.origin
 
-    async def publish(self, version: int) -> float:
+    async def publish(self, version: int, only: Collection[str] | None = None) -> float:
+        """(`only`: these endpoints' URLs, not every registered one.)"""
         t0 = time.monotonic()
         failed: list[tuple[str, str]] = []
         async with self._lock, aiohttp.ClientSession() as session:
             for ep in list(self.pool.endpoints()):
+                if only is not None and ep.url not in only:
+                    continue
                 why = await self._bring(session, ep, version)
                 if why is not None:
                     failed.append((ep.url, why))
@@ -128,6 +131,13 @@ class BroadcastSync:
                 await self.pool.remove_endpoint(url)
             await self._close(url)
         return left
+
+    async def close(self) -> None:
+        """Release every group (the sender's side; an engine's is replaced when a group
+        is opened to it again)."""
+        async with self._lock:
+            for url in list(self._open):
+                await self._close(url)
 
     # -- one endpoint -------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from libra.envs.arith import make_tasks
 
@@ -54,3 +55,47 @@ async def test_weight_update_reaches_the_engine_and_stamps_later_turns(
         assert "did not load it" in str(err.value)
         again = [r async for r in c.trajectories(await c.submit("arith", tasks[:1]))]
         assert {t.policy_version for r in again for t in r.turns} == {3}
+
+
+async def test_weights_broadcast_from_the_clients_memory(
+    tmp_path: Path, tiny_model: Path, services: list[Service]
+) -> None:
+    """`broadcast_weights`: the trainer's tensors go from its process straight into the
+    service's engine (no folder): later turns carry the version and generate as the
+    folder of the same weights does; a sender on another host is refused (403)."""
+    from safetensors.torch import load_file
+
+    from libra.engine.model_maker import make_model
+
+    other = make_model(tmp_path / "ckpt-s1", seed=1)
+    svc = Service(tmp_path, tiny_model, [], "--launch", "1", "--env", "arith",
+                  config='[sampling]\ntemperature = 0.0\nmax_tokens = 24\n')  # fmt: skip
+    services.append(svc)
+    svc.start(timeout=240)
+    tasks = make_tasks(4, seed=5)
+    tensors = load_file(str(other / "model.safetensors"))
+    async with AsyncClient(svc.url) as c:
+        before = [r async for r in c.trajectories(await c.submit("arith", tasks))]
+        doc = await c.broadcast_weights(2, lambda: tensors)
+        (ep,) = doc["endpoints"].values()
+        assert ep["status"] == "ok" and ep["kind"] == "embedded", doc
+        by_cast = [r async for r in c.trajectories(await c.submit("arith", tasks))]
+        assert {t.policy_version for r in by_cast for t in r.turns} == {2}
+
+        await c.update_weights(3, str(other))  # the same weights from their folder
+        by_disk = [r async for r in c.trajectories(await c.submit("arith", tasks))]
+        cast = {r.task_id: r.response_token_ids for r in by_cast}
+        assert all(cast[r.task_id] == r.response_token_ids for r in by_disk)
+        first = {r.task_id: r.response_token_ids for r in before}
+        assert any(first[r.task_id] != r.response_token_ids for r in by_disk)
+
+        with pytest.raises(ServiceError, match="HTTP 403") as err:
+            await c.update_weights(4, sender="http://10.1.2.3:9000")
+        assert "requesting host" in str(err.value)
+        with pytest.raises(ServiceError, match="HTTP 502") as err:  # nobody listens there
+            await c.update_weights(4, sender="http://127.0.0.1:9")
+        assert "start the sender" in str(err.value)
+    async with aiohttp.ClientSession() as s:  # both sources at once: one clear 400
+        body = {"version": 4, "path": str(other), "sender": "http://127.0.0.1:9"}
+        async with s.post(f"{svc.url}/v1/weights", json=body) as r:
+            assert r.status == 400 and "exactly one of path" in await r.text()
