@@ -139,9 +139,10 @@ def test_vllm_fleet_plans_at_its_bucket_tp() -> None:
     assert planner_settings(TrainConfig()).rollout.tp_sizes == [1]
 
 
-async def test_an_engine_that_dies_while_serving_fails_the_run(tmp_path: Path) -> None:
-    """`Fleet.watch` (run beside the loop) raises with the engine, its exit code and the
-    log's last error line; an engine stopped on purpose is detached first."""
+async def test_an_engine_that_dies_with_no_restart_left_fails_the_run(tmp_path: Path) -> None:
+    """`Fleet.watch` (run beside the loop), once a worker's restarts are used up (none
+    here), raises with the engine, its exit code and the log's last error line; an
+    engine stopped on purpose is detached first. (A restart: test_train_engine_loss.)"""
     import asyncio
 
     from libra.cluster import process
@@ -156,9 +157,9 @@ async def test_an_engine_that_dies_while_serving_fails_the_run(tmp_path: Path) -
     worker = Worker("rollout0", "core-rollout", "rollout", "tp1")
     worker.engine = Engine("rollout0", "vllm", child, Slot("local", "cpu"))
     fleet = Fleet([worker], launcher=None, placement=Placement("cpu"), weights=None,  # type: ignore[arg-type]
-                  bucket_tp={}, log_dir=tmp_path)  # fmt: skip
+                  bucket_tp={}, log_dir=tmp_path, restarts=0)  # fmt: skip
     with pytest.raises(EndpointDown, match=r"vllm engine of rollout0 exited with code 3 .*"
-                       r"RuntimeError: CPU Generator"):  # fmt: skip
+                       r"RuntimeError: CPU Generator.*no restart left"):  # fmt: skip
         await asyncio.wait_for(fleet.watch(interval_s=0.01), 10)
     worker.engine = None  # detached (a role switch stops it on purpose)
     with pytest.raises(TimeoutError):
