@@ -36,6 +36,10 @@ class Env:
     """Model turns per episode before it ends `truncated`."""
     stop: ClassVar[tuple[str, ...]] = ("</answer>",)
     """Strings that end a model turn besides the end-of-turn token (the answer's close)."""
+    tool_parser: ClassVar[str] = "auto"
+    """How the model writes tool calls, named as vLLM's `--tool-call-parser` names them:
+    `hermes`, `qwen3_coder`, `llama3_json`, `mistral`; `auto`: the format the model's
+    chat template renders (`libra.toolcalls`)."""
     tasks_file: ClassVar[str | None] = None
     """A small task file shipped with the env (used when `--tasks` is not given),
     relative to the module defining the env."""

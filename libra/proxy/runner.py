@@ -45,7 +45,7 @@ from libra.rollout.episode import EpisodeSpec
 from libra.rollout.offload import offload
 from libra.rollout.reward import BadReward, as_reward
 from libra.routing.base import RoutingPolicy
-from libra.toolcalls import HermesParser, ToolCallParser
+from libra.toolcalls import ToolCallParser, parser_for
 
 log = logging.getLogger("libra.proxy")
 _NOTHING = object()
@@ -89,7 +89,8 @@ class AgentRunner:
             sampling=sampling,
             limits=limits,
             max_context=min(max_context, max(b.bound for b in pool.buckets)),
-            parser=parser or HermesParser(),
+            parser=parser
+            or parser_for(getattr(agent, "tool_parser", "auto"), tokenizer.chat_template),
             cpu=asyncio.Semaphore(cpu_slots),
             clock=clock,
             offload=offload(tokenizer),

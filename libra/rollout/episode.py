@@ -41,7 +41,7 @@ from libra.rollout.offload import offload, text_size
 from libra.rollout.reward import as_reward, plain, score
 from libra.rollout.toolrun import CallOutcome, encode_returns, run_calls
 from libra.routing.base import Decision, EpisodeState, RoutingPolicy, ToolState
-from libra.toolcalls import HermesParser, ToolCallParser
+from libra.toolcalls import ToolCallParser, parser_for
 from libra.tooling import Context, Tool
 
 log = logging.getLogger("libra.rollout")
@@ -169,7 +169,7 @@ class EpisodeRunner:
         # What the endpoints can serve at all: the largest bucket's bound.
         self.max_context = min(max_context, max(b.bound for b in pool.buckets))
         self.max_turns = limits.max_turns or env.max_turns
-        self.parser = parser or HermesParser()
+        self.parser = parser or parser_for(env.tool_parser, tokenizer.chat_template)
         self.clock = clock
         self._buckets = {b.name: b for b in pool.buckets}
         self._reward_ctx = reward_wants_context(env)

@@ -91,6 +91,9 @@ def respond(prompt: str) -> tuple[str, bool]:
         return '<tool_call>{"name": "calculator", "arguments": {"expr": 1}}</tool_call>', True
     if directive == "direct":
         return "<answer>42</answer>", True
+    if directive == "qwen-xml":  # Qwen3-Coder's call format (tool_parser = "qwen3_coder")
+        xml = "<tool_call>\n<function=calculator>\n<parameter=expression>\n%s\n</parameter>"
+        return (xml % expr) + "\n</function>\n</tool_call>", True
     return f"Let me compute.\n{call % expr}", True
 
 

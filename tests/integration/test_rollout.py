@@ -166,6 +166,27 @@ async def test_misbehaving_model_becomes_data(
     check_alignment(rec, fake_vllm.fake.requests, ChatTokenizer(tiny_model))
 
 
+@pytest.mark.parametrize(("parser", "calls"), [("qwen3_coder", 1), ("auto", 0)])
+async def test_an_env_names_its_models_tool_call_format(
+    tmp_path: Path, tiny_model: Path, fake_vllm, parser: str, calls: int
+) -> None:
+    """A model that writes Qwen3-Coder XML calls: with `tool_parser = "qwen3_coder"` the
+    env's tool runs and the episode is solved; with `auto` (the tiny model's template
+    is Hermes) the same text is a malformed Hermes call: the tool never runs."""
+    env = tmp_path / "env.py"
+    env.write_text(USER_ENV + f"\n\nclass XmlAdder(Adder):\n    tool_parser = {parser!r}\n")
+    tasks = tmp_path / "t.jsonl"
+    task = {"id": "x", "question": "What is 2 + 3? DIRECTIVE:qwen-xml", "answer": "5"}
+    tasks.write_bytes(orjson.dumps(task) + b"\n")
+    c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[fake_vllm.url])],
+            env=f"{env}:XmlAdder", tasks=str(tasks), sampling={"max_tokens": 64})  # fmt: skip
+    await rollout(c, progress=False)
+    (rec,) = read_jsonl(c.out)
+    returns = [tr for t in rec.turns for tr in t.tool_returns]
+    assert sum(r.status == "ok" for r in returns) == calls
+    assert (rec.answer == "5" and rec.reward == 1.0) == bool(calls)
+
+
 class MoveAfterFirstTool:
     """Test policy: start in tp1, move to tp2 at the first tool return."""
 
