@@ -208,15 +208,16 @@ class Fleet:
         w.engine = None
         await stop_engine(engine, self.launcher.stop_grace_s)
         if on_event is not None:
-            on_event("engine-lost", worker=w.id, url=engine.url, why=why, restarts_left=left - 1)
+            on_event("engine-lost", worker=w.id, url=engine.url, node=engine.slot.node, why=why,
+                     restarts_left=left - 1)  # fmt: skip
         t0 = time.monotonic()
         try:
             _, version = await self._serve(w, w.bucket or "", self.weights.start_weights())
         except Exception as e:
             raise EndpointDown(f"{engine.kind} engine of {w.id} {why}; its restart failed: "
                                f"{e}", url=engine.url) from e  # fmt: skip
-        if on_event is not None:
-            on_event("engine-restarted", worker=w.id, url=w.engine.url if w.engine else None,
+        if on_event is not None and w.engine is not None:
+            on_event("engine-restarted", worker=w.id, url=w.engine.url, node=w.engine.slot.node,
                      version=version, start_s=round(time.monotonic() - t0, 2))  # fmt: skip
 
     async def close(self) -> None:

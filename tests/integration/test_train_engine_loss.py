@@ -100,6 +100,7 @@ def test_a_killed_engine_is_replaced_and_the_run_completes(tmp_path: Path) -> No
     restarted = [e for e in events if e["event"] == "engine-restarted"]
     assert len(lost) == 1 and "exited with code -9" in lost[0]["why"], lost
     assert [e["worker"] for e in restarted] == [lost[0]["worker"]]
+    assert lost[0]["node"] == restarted[0]["node"] == "local"
     assert [r["step"] for r in rows(out / "metrics.jsonl")] == [1, 2, 3, 4]
     records = rows(out / "trajectories.jsonl")
     assert len({r["id"] for r in records}) == len(records)  # none twice
