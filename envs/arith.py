@@ -82,6 +82,7 @@ class Arith(libra.Env):
     tools = [calculator]
     max_turns = 4
     tasks_file = "data/arith.jsonl"
+    task_fields = ("question", "answer")
 
     def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         return [

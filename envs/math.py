@@ -42,6 +42,7 @@ class Math(libra.Env):
     tools = []
     max_turns = 1
     tasks_file = "data/math.jsonl"
+    task_fields = ("question", "answer")
 
     def __init__(self, workers: int = 2, verify_timeout_s: float = 5.0, **options: Any):
         super().__init__(workers=workers, verify_timeout_s=verify_timeout_s, **options)

@@ -73,6 +73,7 @@ class SearchQA(libra.Env):
     tools = [search]
     max_turns = 6
     tasks_file = "data/search_qa.jsonl"
+    task_fields = ("question", "answers")
 
     def __init__(self, corpus: str | None = None, reward: str = "em", **options: Any):
         super().__init__(corpus=corpus, reward=reward, **options)

@@ -43,6 +43,10 @@ class Env:
     tasks_file: ClassVar[str | None] = None
     """A small task file shipped with the env (used when `--tasks` is not given),
     relative to the module defining the env."""
+    task_fields: ClassVar[tuple[str, str] | None] = None
+    """The task fields `prompt` and `reward` read for the question and its answer, e.g.
+    `("question", "answer")`: task files in verl's or TRL's layout are then mapped to them
+    (`libra.rollout.layouts`). None: rows reach the env as they are."""
 
     def __init__(self, **options: Any):
         self.options = options

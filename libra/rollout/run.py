@@ -21,6 +21,7 @@ from libra.record import Trajectory
 from libra.rollout.batch import Runner, run_episodes
 from libra.rollout.config import RolloutConfig
 from libra.rollout.episode import EpisodeRunner
+from libra.rollout.layouts import adapt_tasks
 from libra.rollout.offload import offload
 from libra.rollout.serving import Serving, open_pool, resolve_model, resolve_serving
 from libra.rollout.sink import JsonlSink, Progress, Stats
@@ -104,6 +105,7 @@ async def rollout(
         if tasks_path is None:
             raise ConfigError(f"env {config.env!r} ships no tasks; pass --tasks FILE")
         tasks = load_tasks(tasks_path, config.num_tasks or 0)
+        tasks = adapt_tasks(tasks, env.task_fields, env=config.env, source=str(tasks_path))
     batch_id = config.batch_id or uuid.uuid4().hex[:12]
     specs = list(episode_specs(tasks, config.group_size, batch_id, config.step))
     policy = make_policy(config.policy, serving.buckets, config.routing)

@@ -26,6 +26,7 @@ from libra.chat import ChatTokenizer
 from libra.cluster.engines import EngineLauncher
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, EndpointDown
+from libra.rollout.layouts import adapt_tasks
 from libra.rollout.run import episode_runner, load_env, make_policy
 from libra.rollout.serving import model_context, resolve_buckets
 from libra.rollout.sink import JsonlSink
@@ -298,13 +299,15 @@ def train_tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[
     path = cfg.data.train or env.default_tasks()
     if path is None:
         raise ConfigError(f"env {cfg.data.env!r} ships no tasks; set data.train")
-    tasks = load_tasks(path, 0)
+    fields, env_id = getattr(env, "task_fields", None), cfg.data.env
+    tasks = adapt_tasks(load_tasks(path, 0), fields, env=env_id, source=str(path))
     if not tasks:
         raise ConfigError(f"data.train: {path} holds no tasks")
     if cfg.data.val is None:
         return tasks, []
     seen = {task_id(t) for t in tasks}
-    val = [t for t in load_tasks(cfg.data.val, 0) if task_id(t) not in seen]
+    val_tasks = adapt_tasks(load_tasks(cfg.data.val, 0), fields, env=env_id, source=cfg.data.val)
+    val = [t for t in val_tasks if task_id(t) not in seen]
     if not val:
         raise ConfigError(f"data.val: {cfg.data.val} has no task that is not also in data.train")
     return tasks, val[: cfg.validation.tasks]

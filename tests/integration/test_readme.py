@@ -57,7 +57,13 @@ SHRINK = {
     "libra bench routing": "--nodes 2000 --calls 500 --rounds 1 --repeat 1",
 }
 # Made before anything else: what the other snippets read.
-MAKERS = ("libra make-model ./tiny", "# writes tasks.jsonl", "libra workload", "# my_")
+MAKERS = (
+    "libra make-model ./tiny",
+    "# writes tasks.jsonl",
+    "# writes verl.parquet",
+    "libra workload",
+    "# my_",
+)
 # Run after another snippet: the trainer reads the records of the Python batch.
 AFTER = {'read_jsonl("runs/b.jsonl")': "cfg = RolloutConfig("}
 PORTS = (8000, 8001, 8700)
