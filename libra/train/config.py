@@ -247,6 +247,10 @@ class ReportSection(Config):
     """Write PNG plots at the end (needs matplotlib)."""
     tensorboard: bool = False
     """Also log scalars to `out/tensorboard` (needs the `tensorboard` package)."""
+    wandb: bool = False
+    """Also log the per-step metrics to Weights & Biases (`pip install 'libra-rl[wandb]'`),
+    its files in `out/wandb`; `WANDB_MODE=offline` keeps them there (`wandb sync` later).
+    The project is `WANDB_PROJECT` (default `libra`), the run name the run folder's."""
     checkpoint_every: int = Field(10, ge=1)
     """Save a resumable checkpoint every N steps (and on Ctrl-C and at the end)."""
 

@@ -6,6 +6,8 @@
                       joins and leaves, validations, checkpoints, warm start
     plots/*.png       reward per step (+ validation), throughput per step, roles over time
     tensorboard/      the metrics as scalars (optional)
+    wandb/            the metrics in a Weights & Biases run (optional; offline with
+                      WANDB_MODE=offline)
 
 Appending is line-buffered and flushed, so a crash keeps every finished row; on resume
 rows of steps after the checkpoint are dropped (they will be redone).
@@ -14,7 +16,9 @@ rows of steps after the checkpoint are dropped (they will be redone).
 from __future__ import annotations
 
 import logging
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,8 +64,48 @@ def truncate_after(path: Path, step: int, key: str = "step") -> None:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
+def _scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics row, `roles` flattened to `roles/<role>`."""
+    out = {k: v for k, v in row.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}  # fmt: skip
+    out.update({f"roles/{role}": n for role, n in row.get("roles", {}).items()})
+    return out
+
+
+def _wandb_run(out: Path, config: dict[str, Any]) -> Any:
+    """A wandb run writing under `out/wandb`; a resumed run folder continues its run (the
+    id is kept in `out/wandb-run-id`)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            "report.wandb needs the wandb package: pip install 'libra-rl[wandb]' "
+            "(or set report.wandb = false)"
+        ) from None
+    id_file = out / "wandb-run-id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+    id_file.write_text(run_id + "\n")
+    (out / "wandb").mkdir(exist_ok=True)
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "libra"),
+        name=out.resolve().name,
+        id=run_id,
+        resume="allow",
+        dir=str(out),
+        config=config,
+    )
+
+
 class Report:
-    def __init__(self, out: Path, *, tensorboard: bool = False, t0: float | None = None):
+    def __init__(
+        self,
+        out: Path,
+        *,
+        tensorboard: bool = False,
+        wandb: dict[str, Any] | None = None,
+        t0: float | None = None,
+    ):
+        """`wandb`: the run's config to log to a Weights & Biases run (None: no wandb)."""
         self.out = out
         self.t0 = time.time() if t0 is None else t0
         self.metrics = JsonLog(out / "metrics.jsonl")
@@ -77,6 +121,7 @@ class Report:
                     "(or set report.tensorboard = false)"
                 ) from None
             self.tb = SummaryWriter(str(out / "tensorboard"))
+        self.wandb = None if wandb is None else _wandb_run(out, wandb)
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         row = {"t": round(time.time() - self.t0, 3), "event": kind, **fields}
@@ -86,12 +131,11 @@ class Report:
     def step(self, row: dict[str, Any]) -> None:
         self.metrics.write(row)
         if self.tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-                    self.tb.add_scalar(k, v, row["step"])
-            for role, n in row.get("roles", {}).items():
-                self.tb.add_scalar(f"roles/{role}", n, row["step"])
+            for k, v in _scalars(row).items():
+                self.tb.add_scalar(k, v, row["step"])
             self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(_scalars(row), step=row["step"])
 
     def decision(self, row: dict[str, Any]) -> None:
         self.decisions.write(row)
@@ -101,6 +145,8 @@ class Report:
             f.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def write_plots(out: Path) -> list[Path]:
