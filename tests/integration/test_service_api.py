@@ -116,6 +116,17 @@ async def test_token_validation_and_idempotent_submit(
     assert 'libra_episodes_finished_total{state="ok"} 6' in text
     assert f'libra_endpoint_up{{bucket="tp1",url="{url}"}} 1' in text
     assert "libra_model_tokens_total" in text and 'libra_episodes{state="queued"} 0' in text
+    # ... that Prometheus' own parser reads: every family typed, the samples as above.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["libra_episodes_finished"].type == "counter"
+    assert {s.labels["state"]: s.value for s in families["libra_episodes_finished"].samples
+            if s.name.endswith("_total")}["ok"] == 6  # fmt: skip
+    up = families["libra_endpoint_up"].samples
+    assert {(s.labels["bucket"], s.labels["url"], s.value) for s in up} >= {("tp1", url, 1.0)}
+    # (a family may have no samples: libra_batch_queued while no batch is active)
+    assert {f.type for f in families.values()} == {"counter", "gauge"}
 
 
 @pytest.mark.parametrize(
