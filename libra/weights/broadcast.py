@@ -116,11 +116,15 @@ class BroadcastSync:
     async def attach(self, bucket: str, url: str, started_on: Weights) -> int:
         async with self._lock:
             version = self._current.version
-            async with aiohttp.ClientSession() as session:
-                await self._open_group(session, url, bucket)
-                if started_on != self._current:  # published while the engine started
-                    version = await self._transfer(session, url)
-            await self.pool.add_endpoint(bucket, url, version)
+            try:
+                async with aiohttp.ClientSession() as session:
+                    await self._open_group(session, url, bucket)
+                    if started_on != self._current:  # published while the engine started
+                        version = await self._transfer(session, url)
+                await self.pool.add_endpoint(bucket, url, version)
+            except BaseException:
+                await self._close(url)  # the caller stops the engine
+                raise
             return version
 
     async def detach(self, url: str, drain_timeout_s: float) -> int:
