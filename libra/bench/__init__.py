@@ -15,4 +15,5 @@ BENCHMARKS: dict[str, str] = {
     "train-ab": "train_ab",
     "sim-grid": "sim_grid",
     "publish": "publish",
+    "train-ray": "train_ray",
 }
