@@ -27,6 +27,9 @@ from libra.engine.model import ModelConfig, fuse
 from libra.errors import ModelError
 from libra.transfer import wire
 
+DTYPES = frozenset({"float32", "bfloat16", "float16"})
+"""Tensor dtypes a broadcast may carry (the engine computes in float32 or bfloat16)."""
+
 
 class Receiver:
     """One trainer connection and at most one update in progress."""
@@ -60,11 +63,17 @@ class Receiver:
         dtypes, shapes = _field(info, "dtype_names", list), _field(info, "shapes", list)
         if not len(names) == len(dtypes) == len(shapes):
             raise protocol.bad("names, dtype_names and shapes differ in length", "update_info")
-        if self.incoming is None:
-            raise protocol.bad("POST /start_weight_update first", "update_info")
-        metas = [wire.Meta(str(n), str(d), tuple(int(x) for x in s))
+        bad = next((d for d in dtypes if d not in DTYPES), None)
+        if bad is not None:
+            raise protocol.bad(f"dtype {bad!r} is not one of {sorted(DTYPES)}", "update_info")
+        if not all(isinstance(s, list) and all(isinstance(x, int) and x >= 0 for x in s)
+                   for s in shapes):  # fmt: skip
+            raise protocol.bad("shapes must be lists of non-negative integers", "update_info")
+        metas = [wire.Meta(str(n), str(d), tuple(s))
                  for n, d, s in zip(names, dtypes, shapes, strict=True)]  # fmt: skip
         bucket = int(info.get("bucket_bytes", wire.BUCKET_BYTES))
+        if self.incoming is None:
+            raise protocol.bad("POST /start_weight_update first", "update_info")
         incoming = self.incoming
         async with self.lock:
             await asyncio.to_thread(self._receive, metas, bucket, incoming)

@@ -168,3 +168,29 @@ async def test_the_fleet_replaces_an_engine_a_publication_lost(
                 await fleet.replace_lost(err.value.lost, None)
         finally:
             await fleet.close()
+
+
+async def test_the_engine_refuses_a_malformed_update_in_one_line(tiny_model: Path) -> None:
+    """The weight-transfer routes validate what they are sent: an unknown dtype, a bad
+    shape, phases out of order are 400s naming the problem; the engine keeps serving."""
+    with serve_engine_process(tiny_model) as (a, _):
+        async with aiohttp.ClientSession() as s:
+
+            async def post(path: str, body: dict) -> tuple[int, str]:
+                async with s.post(f"{a}{path}", json=body) as r:
+                    return r.status, await r.text()
+
+            info = {"names": ["x"], "dtype_names": ["float32"], "shapes": [[2]]}
+            code, text = await post("/update_weights", {"update_info": info})
+            assert code == 400 and "start_weight_update first" in text
+            code, text = await post("/start_weight_update", {})
+            assert code == 400 and "init_weight_transfer_engine" in text
+            bad = {**info, "dtype_names": ["load"]}
+            code, text = await post("/update_weights", {"update_info": bad})
+            assert code == 400 and "dtype 'load'" in text
+            bad = {**info, "shapes": [[-1]]}
+            code, text = await post("/update_weights", {"update_info": bad})
+            assert code == 400 and "non-negative" in text
+            code, text = await post("/init_weight_transfer_engine", {"init_info": {}})
+            assert code == 400 and "master_address" in text
+        assert await greedy(a, str(tiny_model))
