@@ -48,9 +48,14 @@ async def run_process(
         nonlocal flooded
         while chunk := await stream.read(_CHUNK):
             cap.feed(chunk)
-            if out.total + err.total > flood_limit and not flooded:
-                flooded = True
-                proc.kill()
+            if out.total + err.total > flood_limit:
+                if not flooded:
+                    flooded = True
+                    proc.kill()
+                # Stop reading: until the kill has taken the command's processes down
+                # (a PID namespace's teardown, under load, takes a while) they would
+                # keep this loop draining hundreds of MB; unread, they block on the pipe.
+                return
 
     async def feed(data: bytes) -> None:
         assert proc.stdin is not None
