@@ -88,7 +88,8 @@ class ExecResult:
     """The command ran past its timeout and everything it started was killed."""
     duration_s: float = 0.0
     stdout_bytes: int = 0
-    """Bytes the command wrote to stdout in all (kept or not)."""
+    """Bytes the command wrote to stdout in all (kept or not); for a flooded command,
+    up to the kill (what it writes while the kill lands is drained, not counted)."""
     stderr_bytes: int = 0
     oom_killed: bool = False
     """The kernel's OOM killer acted in the sandbox during this command."""

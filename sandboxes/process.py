@@ -52,9 +52,11 @@ async def run_process(
                 if not flooded:
                     flooded = True
                     proc.kill()
-                # Stop reading: until the kill has taken the command's processes down
-                # (a PID namespace's teardown, under load, takes a while) they would
-                # keep this loop draining hundreds of MB; unread, they block on the pipe.
+                # Until the kill has taken the command's processes down (a PID
+                # namespace's teardown, under load, takes a while) they keep writing:
+                # drain to EOF (so the pipes close) without counting what comes after.
+                while await stream.read(_CHUNK):
+                    pass
                 return
 
     async def feed(data: bytes) -> None:
