@@ -157,14 +157,12 @@ class ElasticTrainer:
 
     def broadcast_join(self, gid: str) -> str | None:
         """Wait until the server's ranks joined `gid`; an error message if they did not."""
-        return _failure(self._ranks.ask("core0", ("wt", "join", gid))[0])
+        return self._ranks.ask("core0", ("wt", "join", gid))[0]
 
     def broadcast_send(self, gid: str, bucket_bytes: int) -> tuple[int, str | None]:
         """Send the current weights over `gid`: (the version sent, an error message or
         None). A failed group is closed; the trainer is unaffected."""
-        return self.version, _failure(
-            self._ranks.ask("core0", ("wt", "send", gid, bucket_bytes))[0]
-        )
+        return self.version, self._ranks.ask("core0", ("wt", "send", gid, bucket_bytes))[0]
 
     def broadcast_close(self, gid: str) -> None:
         self._ranks.ask("core0", ("wt", "close", gid))
@@ -265,12 +263,6 @@ class ElasticTrainer:
         st.state = "dropped"
         self._events.append(MembershipEvent("dropped", rid, update or self.updates, stall_s=stall))
         self._ranks.kill(rid)
-
-
-def _failure(reply: Any) -> str | None:
-    from libra.trainer.broadcast import Failed
-
-    return reply.message if isinstance(reply, Failed) else None
 
 
 __all__ = ["ElasticTrainer"]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
 from libra.transfer import wire
+from libra.transfer.groups import Groups
 
 
 class LocalSender:
@@ -27,43 +27,24 @@ class LocalSender:
     ):
         self.tensors = tensors
         self.version = version
-        self._stores: dict[str, tuple[Any, int, float, str]] = {}
-        self._groups: dict[str, Any] = {}
+        self.groups = Groups()
 
     async def broadcast_metas(self) -> Sequence[tuple[str, str, Sequence[int]]]:
         return [(m.name, m.dtype, m.shape) for m in wire.metas_of(self.tensors().items())]
 
     async def broadcast_listen(self, gid: str, host: str, world: int, timeout_s: float) -> int:
-        await self.broadcast_close(gid)
-        store, port = await asyncio.to_thread(wire.listen, host, world, timeout_s)
-        self._stores[gid] = (store, world, timeout_s, host)
-        return port
+        return await asyncio.to_thread(self.groups.listen, gid, host, world, timeout_s)
 
     async def broadcast_join(self, gid: str) -> str | None:
-        store, world, timeout_s, host = self._stores.pop(gid)
-        try:
-            self._groups[gid] = await asyncio.to_thread(
-                wire.open_group, host, 0, rank=0, world=world, timeout_s=timeout_s, store=store
-            )
-        except Exception as e:
-            return f"{type(e).__name__}: {e}"
-        return None
+        return await asyncio.to_thread(self.groups.join, gid)
 
     async def broadcast_send(self, gid: str, bucket_bytes: int) -> tuple[int, str | None]:
         version = self.version()
-        group = self._groups.get(gid)
-        if group is None:
-            return version, f"no weight group {gid!r}"
-        try:
-            await asyncio.to_thread(wire.send, group, self.tensors().items(), bucket_bytes)
-        except Exception as e:
-            self._groups.pop(gid, None)
-            return version, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return version, None
+        named = self.tensors().items()
+        return version, await asyncio.to_thread(self.groups.send, gid, named, bucket_bytes)
 
     async def broadcast_close(self, gid: str) -> None:
-        self._stores.pop(gid, None)
-        self._groups.pop(gid, None)
+        self.groups.close(gid)
 
 
 __all__ = ["LocalSender"]
