@@ -51,11 +51,19 @@ def pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(THREADS, thread_name_prefix="libra-user")
 
 
-@functools.cache
+_prestart_lock = threading.Lock()
+_prestarted = threading.Event()
+
+
 def prestart() -> None:
     """Start all `THREADS` threads of the pool now, once per process (blocking: call it
-    off the loop when a runner starts, `libra.rollout.run.episode_runner`)."""
-    start_threads(pool(), THREADS)
+    off the loop when a runner starts, `libra.rollout.run.episode_runner`). Runners that
+    open at once (a worker's first two batches) wait for the first start: two starts
+    side by side would each hold part of the pool at its barrier until both time out."""
+    with _prestart_lock:
+        if not _prestarted.is_set():
+            start_threads(pool(), THREADS)
+            _prestarted.set()
 
 
 def start_threads(

@@ -22,3 +22,27 @@ def test_start_threads_starts_them_all_so_later_submits_start_none() -> None:
         assert {t.ident for t in threading.enumerate()} == before  # none started for them
     finally:
         ex.shutdown()
+
+
+def test_runners_opening_at_once_start_the_user_threads_once(monkeypatch) -> None:
+    """Two runners that open side by side (a rollout worker's training and validation
+    batches) share one start: two starts at once each held part of the pool at their
+    barrier until both gave up, 30 s later."""
+    import time
+
+    from libra import usercode
+
+    calls: list[int] = []
+
+    def slow_start(executor: ThreadPoolExecutor, n: int, **kw: object) -> None:
+        calls.append(n)
+        time.sleep(0.2)  # the first start is still under way when the others come
+
+    monkeypatch.setattr(usercode, "start_threads", slow_start)
+    monkeypatch.setattr(usercode, "_prestarted", threading.Event())
+    openers = [threading.Thread(target=usercode.prestart) for _ in range(3)]
+    for t in openers:
+        t.start()
+    for t in openers:
+        t.join()
+    assert calls == [usercode.THREADS]
