@@ -250,10 +250,11 @@ class Replanner:
         a = min(plans, key=lambda o: (plans[o].t_iter, self.moves(o)))
         return a, plans[a], plans
 
-    def key(self, a: Assignment) -> str | int:
-        """An option's name in the decision log: k, or `k tp1x3 tp2x1` with layouts."""
+    def key(self, a: Assignment) -> str:
+        """An option's name in the decision log: `k`, or `k tp1x3 tp2x1` with layouts
+        (a string either way: the log's option maps are JSON objects)."""
         if not a.layout:
-            return a.train
+            return str(a.train)
         names = " ".join(f"{b}x{n}" for (b, _), n in zip(self.shape.buckets, a.layout, strict=True))
         return f"{a.train} {names}"
 
