@@ -31,8 +31,9 @@ from libra.errors import ConfigError
 from libra.train.config import TrainConfig
 from libra.train.planning import SwitchCosts
 
-RESUME_FREE = ("steps", "report", "out", "weights")
-"""Config sections a resumed run may change (`weights`: how versions travel)."""
+RESUME_FREE = ("steps", "report", "out", "weights", "rollout.workers")
+"""Config keys a resumed run may change (`weights`: how versions travel;
+`rollout.workers`: how many processes run the episodes)."""
 
 
 @dataclass(slots=True)
@@ -70,14 +71,29 @@ def read_state(out: Path) -> dict[str, Any] | None:
 
 
 def _comparable(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg.items() if k not in RESUME_FREE}
+    """`cfg` less the keys a resume may change (dotted: a key inside a section)."""
+    out = {k: v for k, v in cfg.items() if k not in RESUME_FREE}
+    for key in RESUME_FREE:
+        section, _, name = key.partition(".")
+        if name and isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k != name}
+    return out
+
+
+def _as_now(cls: type[TrainConfig], saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config as this version of Libra reads it: keys added since then take
+    their defaults (a run started before a new option resumes)."""
+    try:
+        return cls.model_validate(saved).model_dump(mode="json")
+    except ValueError:  # a key since removed or renamed: compared as it is, and differs
+        return saved
 
 
 def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] | None]:
     """The run folder, and the state to resume from (None: a new run).
 
-    An existing run in `out` is resumed when its config matches (only `steps`,
-    `report`, `out` and `weights` may differ); `fresh` deletes it first."""
+    An existing run in `out` is resumed when its config matches (only the keys of
+    `RESUME_FREE` may differ); `fresh` deletes it first."""
     out = Path(cfg.out)
     if fresh and out.exists():
         shutil.rmtree(out)
@@ -94,14 +110,11 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "config.json", cfg.model_dump(mode="json"))
         return out, None
-    saved = json.loads((out / "config.json").read_text())
+    saved = _comparable(_as_now(type(cfg), json.loads((out / "config.json").read_text())))
     mine = cfg.model_dump(mode="json")
-    if _comparable(saved) != _comparable(mine):
-        diff = sorted(
-            k
-            for k in set(saved) | set(mine)
-            if k not in RESUME_FREE and saved.get(k) != mine.get(k)
-        )
+    if saved != _comparable(mine):
+        now = _comparable(mine)
+        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
         raise ConfigError(
             f"{out} holds a run started with a different config ({', '.join(diff)} differ); "
             "pass --fresh to start over, or set another out"

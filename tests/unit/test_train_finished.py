@@ -55,3 +55,24 @@ def test_a_finished_run_says_nothing_ran_and_exits_3(tmp_path: Path) -> None:
     assert doc["outcome"] == "already-done" and doc["last_outcome"] == "done"
     assert doc["trained_steps"] == steps
     assert r.stderr.startswith("nothing ran: ")
+
+
+def test_a_run_resumes_across_a_new_option_and_another_worker_count(tmp_path: Path) -> None:
+    """A run folder written before an option existed (its config.json lacks the key)
+    resumes with the option at its default; `rollout.workers` may change on resume
+    (how many processes run episodes); another group size may not."""
+    import pytest
+
+    from libra.errors import ConfigError
+
+    out = tmp_path / "run"
+    finished_run(out)
+    saved = json.loads((out / "config.json").read_text())
+    del saved["rollout"]["workers"]  # as Libra wrote it before `workers` existed
+    write_json(out / "config.json", saved)
+    more = load_config(ROOT / CONFIG, {"out": str(out), "rollout.workers": 3})
+    _, state = prepare_out(more, fresh=False)
+    assert state is not None and state["version"] == more.steps  # resumed, not replaced
+    other = load_config(ROOT / CONFIG, {"out": str(out), "rollout.group_size": 3})
+    with pytest.raises(ConfigError, match=r"\(rollout differ\)"):
+        prepare_out(other, fresh=False)
