@@ -6,6 +6,11 @@ fails with a connection error marks its endpoint down and is retried at once on 
 sibling in the same bucket; 429 / 5xx / timeouts are retried with capped, fully jittered
 exponential backoff. A background probe (`GET /health`) brings endpoints back.
 The pool owns that probe task: `async with EndpointPool(...)` starts and stops it.
+
+Membership (which endpoints, which are admitting, their weight versions) may be
+followed by other processes' pools (`PoolFollower`: rollout workers, whose calls this
+pool never sees): every change is told to them in order, and `drain` waits for their
+calls to the endpoint as well as this pool's.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -35,6 +41,20 @@ class BucketDown(EndpointDown):
     def __init__(self, bucket: str, message: str):
         super().__init__(message)
         self.bucket = bucket
+
+
+class PoolFollower(Protocol):
+    """Another pool that mirrors this one's membership (`EndpointPool.followers`)."""
+
+    def follow(self, change: dict[str, Any]) -> None:
+        """Apply `change` (`{"do": "add" | "admit" | "remove" | "version", ...}`, as
+        `EndpointPool.apply` takes it) after every earlier one."""
+        ...
+
+    async def drain(self, url: str, timeout_s: float) -> int:
+        """Stop new calls to `url`; wait at most `timeout_s` for those in flight; how
+        many were still running."""
+        ...
 
 
 @dataclass(eq=False, slots=True)
@@ -102,6 +122,8 @@ class EndpointPool:
             cap=min(64, self.config.max_inflight_total),
         )
         self.limiter = Limiter(self.governor.cap)
+        self.followers: list[PoolFollower] = []
+        """Pools in other processes that mirror this one's membership (module doc)."""
         cfg = self.config
         self._headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
@@ -156,19 +178,47 @@ class EndpointPool:
         for e in self.endpoints():
             if wanted is None or e.url in wanted:
                 e.version = version
+        told = None if wanted is None else sorted(wanted)
+        self._tell({"do": "version", "version": version, "urls": told})
+
+    def _tell(self, change: dict[str, Any]) -> None:
+        for f in self.followers:
+            f.follow(change)
+
+    async def apply(self, change: dict[str, Any]) -> None:
+        """A change another pool told its followers (`PoolFollower.follow`). The leader
+        checked the endpoint before it joined; one this pool lacks is skipped."""
+        do = change["do"]
+        if do == "add":
+            if not any(e.url == change["url"] for e in self.endpoints()):
+                await self.add_endpoint(change["bucket"], change["url"], change["version"],
+                                        checked=change["model"])  # fmt: skip
+        elif do == "version":
+            self.set_version(change["version"], change["urls"])
+        elif any(e.url == change["url"] for e in self.endpoints()):
+            if do == "admit":
+                await self.set_admitting(change["url"], change["admitting"])
+            elif do == "remove":
+                await self.remove_endpoint(change["url"])
 
     # --- membership (libra train: engines come and go, weights change) ---------------
-    async def add_endpoint(self, bucket: str, url: str, version: int = 0) -> Endpoint:
+    async def add_endpoint(
+        self, bucket: str, url: str, version: int = 0, *, checked: str | None = None
+    ) -> Endpoint:
         """Register a running server in `bucket` (serving weights `version`); calls may
-        go to it at once. Raises EndpointDown when it does not answer."""
+        go to it at once. Raises EndpointDown when it does not answer. (`checked`: the
+        model name it serves, as another pool's probe found it: not probed again.)"""
         state = self._buckets[bucket]
         ep = Endpoint(url.rstrip("/"), bucket, self.config.max_inflight, version=version)
-        why = await self._probe_one(ep)
+        ep.model = checked
+        why = await self._probe_one(ep) if checked is None else None
         if why is not None:
             raise EndpointDown(f"{ep.url} cannot join bucket {bucket!r}: {why}", url=ep.url)
         async with state.cond:
             state.endpoints.append(ep)
             state.cond.notify_all()
+        self._tell({"do": "add", "bucket": bucket, "url": ep.url, "version": version,
+                    "model": ep.model})  # fmt: skip
         return ep
 
     def find(self, url: str) -> Endpoint:
@@ -185,17 +235,23 @@ class EndpointPool:
         async with state.cond:
             ep.admitting = admitting
             state.cond.notify_all()
+        self._tell({"do": "admit", "url": ep.url, "admitting": admitting})
         return ep
 
     async def drain(self, url: str, timeout_s: float, poll_s: float = 0.05) -> int:
         """Stop new calls to `url` and wait (at most `timeout_s`) for its calls in flight
-        to finish; returns how many were still running."""
+        to finish (this pool's and its followers'); returns how many were still running."""
         ep = await self.set_admitting(url, False)
         deadline = self.clock() + timeout_s
-        # polled: a release wakes one caller waiting for a slot (`notify`), not us
-        while ep.inflight and self.clock() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(poll_s)
-        return ep.inflight
+
+        async def here() -> int:
+            # polled: a release wakes one caller waiting for a slot (`notify`), not us
+            while ep.inflight and self.clock() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(poll_s)
+            return ep.inflight
+
+        left = await asyncio.gather(here(), *(f.drain(ep.url, timeout_s) for f in self.followers))
+        return sum(left)
 
     async def remove_endpoint(self, url: str) -> None:
         """Forget `url` (drain it first). A call still running on it that then fails is
@@ -206,6 +262,7 @@ class EndpointPool:
             ep.admitting = False
             state.endpoints.remove(ep)
             state.cond.notify_all()
+        self._tell({"do": "remove", "url": ep.url})
 
     # --- health ---------------------------------------------------------------------
     async def _probe_one(self, ep: Endpoint) -> str | None:
@@ -415,4 +472,4 @@ def _dumps(obj: object) -> str:
     return orjson.dumps(obj).decode()
 
 
-__all__ = ["BucketDown", "Endpoint", "EndpointPool", "Served"]
+__all__ = ["BucketDown", "Endpoint", "EndpointPool", "PoolFollower", "Served"]

@@ -26,7 +26,7 @@ from libra.rollout.offload import offload
 from libra.rollout.serving import Serving, open_pool, resolve_model, resolve_serving
 from libra.rollout.sink import JsonlSink, Progress, Stats
 from libra.rollout.tasks import episode_specs, load_tasks
-from libra.rollout.wire import RawRecord
+from libra.rollout.wire import Lesson, RawRecord
 from libra.routing.base import Bucket, RoutingPolicy, StaticPolicy
 
 
@@ -127,8 +127,7 @@ async def rollout(
             stack.push_async_callback(env.close)  # runs last: after engines and pool stop
             pool = await stack.enter_async_context(open_pool(serving, config.endpoint))
             if config.workers > 1:
-                runner = await _worker_runner(stack, config, serving, pool, batch_id)
-                policy = runner.policy
+                runner = await _worker_runner(stack, config, serving, pool, batch_id, policy)
             else:
                 runner = await stack.enter_async_context(
                     episode_runner(
@@ -158,17 +157,14 @@ async def _worker_runner(
     serving: Serving,
     pool: EndpointPool,
     batch_id: str,
+    policy: RoutingPolicy,
 ) -> Runner:
     """`config.workers` rollout workers over `pool`'s endpoints, and the batch's runner
-    on them (its records are `RawRecord`s: the sink writes them as they came)."""
+    on them (its records are `RawRecord`s: the sink writes them as they came). `policy`
+    learns from every record's lesson, as each worker's does (`finish_step` saves it to
+    `tree_path`)."""
     from libra.rollout.worker import HostedEnv, WorkerInit
     from libra.rollout.workers import BatchInfo, WorkerPool, split_limits, worker_buckets
-
-    if config.routing.get("tree_path"):
-        raise ConfigError(
-            "routing.tree_path with workers > 1: the tree would not be saved; "
-            "run with one worker to keep the tree across runs"
-        )
 
     def init() -> WorkerInit:
         return WorkerInit(
@@ -183,7 +179,10 @@ async def _worker_runner(
             versions={e.url: e.version for e in pool.endpoints()},
         )
 
-    workers = await stack.enter_async_context(WorkerPool(config.workers, init))
+    def learn(env: str, lesson: Lesson) -> None:
+        policy.on_finish(lesson)
+
+    workers = await stack.enter_async_context(WorkerPool(config.workers, init, learn))
     info = BatchInfo(batch_id, config.env, config.sampling.model_dump(mode="json"))
     return workers.runner(info, StaticPolicy(serving.buckets))
 

@@ -140,9 +140,12 @@ def resolve_serving(
 
 
 @contextlib.asynccontextmanager
-async def open_pool(serving: Serving, config: EndpointConfig) -> AsyncIterator[EndpointPool]:
+async def open_pool(
+    serving: Serving, config: EndpointConfig, *, joined_later: bool = False
+) -> AsyncIterator[EndpointPool]:
     """Start the embedded engines the buckets ask for (`launch`), then the endpoint pool
-    over them and the configured URLs; both stop when the block ends."""
+    over them and the configured URLs; both stop when the block ends. (`joined_later`:
+    as `EndpointPool` takes it.)"""
     urls = {b.name: list(b.endpoints) for b in serving.configs}
     launch = {b.name: b.launch for b in serving.configs}
     async with contextlib.AsyncExitStack() as stack:
@@ -150,7 +153,9 @@ async def open_pool(serving: Serving, config: EndpointConfig) -> AsyncIterator[E
             started = await stack.enter_async_context(Launched(serving.model_dir, launch))
             for name, extra in started.items():
                 urls[name] += extra
-        pool = EndpointPool([(b, urls[b.name]) for b in serving.buckets], config)
+        pool = EndpointPool(
+            [(b, urls[b.name]) for b in serving.buckets], config, joined_later=joined_later
+        )
         yield await stack.enter_async_context(pool)
 
 

@@ -18,6 +18,9 @@ dies):
 | `end` b | the batch completed: close its runner |
 | `version` v, urls | weights `v` are loaded on `urls` (null: all): stamp later turns |
 | `learn` env, l | finished episodes of other workers, for this env's routing policy |
+| `step` env, s | step `s` ended: this env's routing policy applies what it held back |
+| `pool` c | the front's endpoint pool changed (`EndpointPool.apply`): applied in order |
+| `drain` k, url, t | stop calls to `url`, wait ≤ t s for ours: `drained` k, left |
 | `monitor` | loop lag, GC passes and CPU since the last `monitor` (benchmarks) |
 
 A worker holds nothing that must survive it: finished records are the front's once
@@ -79,6 +82,10 @@ class WorkerInit(Config):
     routing: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, int] = Field(default_factory=dict)
     """Weight version loaded on each endpoint URL now."""
+    paused: list[str] = Field(default_factory=list)
+    """Endpoint URLs that admit no new calls now (a weight update, a drain)."""
+    joined_later: bool = False
+    """Buckets may be empty now: their endpoints join later (`pool` changes)."""
     monitor: bool = False
     """Sample event-loop lag and GC passes for `monitor` (benchmarks)."""
 
@@ -117,6 +124,8 @@ class Worker:
         self.batches: dict[str, _Batch] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.learns = init.policy != "static"
+        self.changes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        """The front pool's changes, applied one after another (`_follow`)."""
         self._out: list[bytes] = []
         self._flushing = False
         self.monitor: Any = None
@@ -144,6 +153,7 @@ class Worker:
                 self.monitor = LagMonitor()
                 gc.callbacks.append(self.monitor.on_gc)
                 watch = tg.create_task(self.monitor.run(), name="libra-worker-monitor")
+            follow = tg.create_task(self._follow(), name="libra-worker-pool")
             try:
                 runs = 0
                 while (got := await read_frame(self.reader)) is not None:
@@ -160,6 +170,7 @@ class Worker:
                     task.cancel()
                 for b in list(self.batches.values()):
                     tg.create_task(self._close(b))
+                follow.cancel()
                 if watch is not None:
                     watch.cancel()
         self._flush()
@@ -167,8 +178,8 @@ class Worker:
     def _handle(self, h: dict[str, Any], tg: asyncio.TaskGroup) -> bool:
         op = h["op"]
         if op == "run":
-            spec = EpisodeSpec(h["id"], h["b"], h["task_id"], h["group_id"], h["task"],
-                               h["index"], h["step"])  # fmt: skip
+            spec = EpisodeSpec(h["id"], h.get("bid", h["b"]), h["task_id"], h["group_id"],
+                               h["task"], h["index"], h["step"])  # fmt: skip
             b = self.batches[h["b"]]
             if b.runner is not None:
                 self._start(tg, h["e"], b, spec, h["waited"])
@@ -196,11 +207,36 @@ class Worker:
                 tg.create_task(self._close(ended))
         elif op == "version":
             self.pool.set_version(h["v"], h["urls"])
+        elif op == "step":
+            end_step = getattr(self._policy(h["env"]), "end_step", None)
+            if end_step is not None:
+                end_step(h["s"])
+        elif op == "pool":
+            self.changes.put_nowait(h["c"])
+        elif op == "drain":
+            tg.create_task(self._drain(h["k"], h["url"], h["t"]))
         elif op == "monitor":
             self.send({"op": "monitor", **self._figures()})
         elif op == "stop":
             return False
         return True
+
+    async def _follow(self) -> None:
+        while True:
+            change = await self.changes.get()
+            try:
+                await self.pool.apply(change)
+            except Exception:  # a change this pool cannot take must not stop the worker
+                log.exception("cannot apply the front's pool change %s", change)
+            finally:
+                self.changes.task_done()
+
+    async def _drain(self, key: int, url: str, timeout_s: float) -> None:
+        await self.changes.join()  # the endpoint's `add` may still be queued
+        left = 0
+        if any(e.url == url for e in self.pool.endpoints()):
+            left = await self.pool.drain(url, timeout_s)
+        self.send({"op": "drained", "k": key, "left": left})
 
     def _figures(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cpu_s": time.process_time(), "pid": os.getpid()}
@@ -323,9 +359,13 @@ async def main_async(path: str, wid: int) -> int:
             resolve_serving, init.model, init.max_context, init.buckets
         )
         async with contextlib.AsyncExitStack() as stack:
-            pool = await stack.enter_async_context(open_pool(serving, init.endpoint))
+            pool = await stack.enter_async_context(
+                open_pool(serving, init.endpoint, joined_later=init.joined_later)
+            )
             for url, version in init.versions.items():
                 pool.set_version(version, [url])
+            for url in init.paused:
+                await pool.set_admitting(url, False)
             gc.collect()
             gc.freeze()  # what start-up made stays out of full collections (run_sync)
             writer.write(frame({"op": "ready"}))

@@ -19,7 +19,10 @@ being parsed here). So one process's semantics hold unchanged:
 - routing state is merged: each finished record's lesson (`libra.rollout.wire`) goes
   to every other worker's policy for that env, so each learns from all episodes;
 - endpoint pools are split: every worker talks to every endpoint, with `max_inflight`
-  and `max_inflight_total` divided by N, so the endpoints see the caps of one process.
+  and `max_inflight_total` divided by N, so the endpoints see the caps of one process;
+- the front's pool stays the one that changes (`libra train`: engines join and leave,
+  weights are published): the pool follows it (`EndpointPool.followers`), so every
+  change reaches each worker in order and a drain waits for the workers' calls too.
 
 The workers connect to a Unix socket this process listens on, so a worker is a small
 unit that something else (a placement layer) could start as well.
@@ -46,8 +49,9 @@ from libra.cluster.process import die_with_parent
 from libra.endpoints.config import BucketConfig, EndpointConfig
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError
+from libra.record import Trajectory
 from libra.rollout.episode import EpisodeSpec
-from libra.rollout.wire import RawRecord, WireError, frame, read_frame, unpack_record
+from libra.rollout.wire import Lesson, RawRecord, WireError, frame, read_frame, unpack_record
 from libra.rollout.worker import WorkerInit
 from libra.routing.base import RoutingPolicy
 
@@ -137,9 +141,17 @@ class WorkerPool:
     `init_for()` makes the `WorkerInit` of a worker being started (so a replacement gets
     the weight versions of that moment)."""
 
-    def __init__(self, n: int, init_for: Callable[[], WorkerInit]):
+    def __init__(
+        self,
+        n: int,
+        init_for: Callable[[], WorkerInit],
+        on_lesson: Callable[[str, Lesson], None] | None = None,
+    ):
         self.n = n
         self.init_for = init_for
+        self.on_lesson = on_lesson
+        """Also given every finished record's lesson (env, lesson): a policy in the front
+        that learns as the workers' do (the one `libra rollout` saves to `tree_path`)."""
         self.workers: list[_Worker | None] = [None] * n
         self.closing = False
         self.lost_total = 0
@@ -152,6 +164,8 @@ class WorkerPool:
         self._conns = {}
         self._tg: asyncio.TaskGroup | None = None
         self._started: list[asyncio.Future[str | None]] = []
+        self._told: set[_Worker] = set()
+        """Workers sent their init and not lost: they get every pool change."""
 
     @property
     def socket_path(self) -> str:
@@ -252,7 +266,9 @@ class WorkerPool:
                 reader, writer = conn.result()
                 w.writer = writer
                 w.pid = proc.pid
+                # no await between the init and joining `_told`: no pool change is missed
                 w.send({"op": "init", "init": self.init_for().model_dump(mode="json")})
+                self._told.add(w)
                 got = await read_frame(reader)
             if got is None or got[0]["op"] != "ready":
                 why = got[0].get("message") if got else f"it exited ({proc.wait()})"
@@ -284,8 +300,8 @@ class WorkerPool:
 
     def _on_frame(self, w: _Worker, h: dict[str, Any], blob: bytes) -> None:
         op = h["op"]
-        if op == "monitor":
-            fut = w.replies.pop("monitor", None)
+        if op in ("monitor", "drained"):
+            fut = w.replies.pop("monitor" if op == "monitor" else f"drain:{h['k']}", None)
             if fut is not None and not fut.done():
                 fut.set_result(h)
             return
@@ -299,6 +315,8 @@ class WorkerPool:
                 for other in self.workers:
                     if other is not None and other is not w and other.ready:
                         other.send({"op": "learn", "env": call.env, "l": [lesson]})
+                if self.on_lesson is not None:
+                    self.on_lesson(call.env, Lesson.of(lesson))
         elif op == "none":
             call.future.set_result(None)
         else:
@@ -308,6 +326,7 @@ class WorkerPool:
         """`w` is gone: its calls fail with WorkerLost (their episodes run again)."""
         w.lost = True
         w.ready = False
+        self._told.discard(w)
         if self.workers[w.slot] is w:
             self.workers[w.slot] = None
         if not any(x is not None and x.ready for x in self.workers):
@@ -364,9 +383,9 @@ class WorkerPool:
             key = next(self._keys)
             fut: asyncio.Future[RawRecord | None] = loop.create_future()
             w.calls[key] = _Call(fut, info.env)
-            w.send({"op": "run", "e": key, "b": info.id, "id": spec.id, "task_id": spec.task_id,
-                    "group_id": spec.group_id, "task": spec.task, "index": spec.index,
-                    "step": spec.step, "waited": waited})  # fmt: skip
+            w.send({"op": "run", "e": key, "b": info.id, "bid": spec.batch_id, "id": spec.id,
+                    "task_id": spec.task_id, "group_id": spec.group_id, "task": spec.task,
+                    "index": spec.index, "step": spec.step, "waited": waited})  # fmt: skip
             try:
                 record = await asyncio.shield(fut)  # cancelled, it still takes the reply
             except WorkerLost:
@@ -412,6 +431,40 @@ class WorkerPool:
             if w is not None:
                 w.send({"op": "version", "v": version, "urls": list(urls) if urls else None})
 
+    # --- the front's pool, followed (`libra.endpoints.pool.PoolFollower`) --------------
+    def follow(self, change: dict[str, Any]) -> None:
+        for w in self._told:
+            w.send({"op": "pool", "c": change})
+
+    async def drain(self, url: str, timeout_s: float) -> int:
+        """Each worker stops calling `url` and waits for its calls there; how many were
+        still running when `timeout_s` ran out (a worker lost meanwhile has none)."""
+        loop = asyncio.get_running_loop()
+        asked: dict[asyncio.Future[dict[str, Any]], tuple[_Worker, str]] = {}
+        for w in self._told:
+            if not w.ready:  # still starting: it has no calls, and it got the pause
+                continue
+            n = next(self._keys)
+            key = f"drain:{n}"
+            fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+            w.replies[key] = fut
+            w.send({"op": "drain", "k": n, "url": url, "t": timeout_s})
+            asked[fut] = (w, key)
+        if not asked:
+            return 0
+        done, late = await asyncio.wait(asked, timeout=timeout_s + 5)
+        for fut in late:
+            w, key = asked[fut]
+            w.replies.pop(key, None)
+            fut.cancel()
+        return sum(f.result()["left"] for f in done if not f.cancelled())
+
+    def end_step(self, env: str, step: int) -> None:
+        """Step `step` ended: every worker's routing policy for `env` applies what it
+        held back (`RoutingPolicy.end_step`, between-steps updates)."""
+        for w in self._told:
+            w.send({"op": "step", "env": env, "s": step})
+
     async def monitor(self) -> list[dict[str, Any]]:
         """Each live worker's figures since the last call (workers started with
         `monitor`: loop lag, GC passes; all: CPU seconds so far)."""
@@ -451,5 +504,44 @@ class WorkerRunner:
         return await self.pool.run(self.info, spec, admitted_after_s, on_abort)
 
 
-__all__ = ["BatchInfo", "WorkerLost", "WorkerPool", "WorkerRunner", "split_limits",
-           "worker_buckets"]  # fmt: skip
+class ParsedRunner:
+    """A `WorkerRunner` for a front that needs each record's content (`libra train`
+    trains on it): records come back as `Trajectory`s, parsed in a thread (a record is
+    as big as its episode), and reach `policy`, the front's copy of the routing policy
+    (it learns from every record, as each worker's does, and is the one that is saved).
+    A finished record is never dropped: cancelled while it is parsed, it goes to
+    `on_abort` as it is."""
+
+    def __init__(self, inner: WorkerRunner, policy: RoutingPolicy):
+        self.inner = inner
+        self.policy = policy
+
+    async def run(
+        self,
+        spec: EpisodeSpec,
+        *,
+        admitted_after_s: float = 0.0,
+        on_abort: Callable[[Trajectory], None] | None = None,
+    ) -> Trajectory:
+        def aborted(raw: RawRecord) -> None:  # the batch is stopping: small and rare
+            if on_abort is not None:
+                on_abort(Trajectory.from_json(raw.blob))
+
+        raw = await self.inner.run(spec, admitted_after_s=admitted_after_s, on_abort=aborted)
+        parsing = asyncio.ensure_future(asyncio.to_thread(Trajectory.from_json, raw.blob))
+        try:
+            return await asyncio.shield(parsing)
+        except asyncio.CancelledError:
+            await asyncio.wait([parsing])
+            if on_abort is not None and parsing.exception() is None:
+                on_abort(parsing.result())
+            raise
+
+    def end_step(self, step: int) -> None:
+        """Step `step` ended: the workers' policies apply what they held back (the
+        front's own is told by `finish_step`)."""
+        self.inner.pool.end_step(self.inner.info.env, step)
+
+
+__all__ = ["BatchInfo", "ParsedRunner", "WorkerLost", "WorkerPool", "WorkerRunner",
+           "split_limits", "worker_buckets"]  # fmt: skip

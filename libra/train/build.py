@@ -24,13 +24,17 @@ from typing import Any
 
 from libra.chat import ChatTokenizer
 from libra.cluster.engines import EngineLauncher
+from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, EndpointDown
+from libra.rollout.batch import Runner
 from libra.rollout.layouts import adapt_tasks
 from libra.rollout.run import episode_runner, load_env, make_policy
 from libra.rollout.serving import model_context, resolve_buckets
 from libra.rollout.sink import JsonlSink
 from libra.rollout.tasks import load_tasks, task_id
+from libra.rollout.worker import HostedEnv, WorkerInit
+from libra.rollout.workers import BatchInfo, ParsedRunner, WorkerPool, split_limits, worker_buckets
 from libra.routing.base import RoutingPolicy
 from libra.train import placement
 from libra.train.admission import StalenessGate
@@ -223,14 +227,25 @@ async def build_run(
         sampling = cfg.rollout.sampling
         if sampling.seed is None:
             sampling = sampling.model_copy(update={"seed": cfg.seed * 1_000_003})
-        common: dict[str, Any] = {"env_name": cfg.data.env, "tokenizer": tok, "pool": pool,
-                                  "policy": policy, "limits": cfg.rollout.limits,
-                                  "max_context": max_context}  # fmt: skip
-        runner = await stack.enter_async_context(episode_runner(env, sampling=sampling, **common))
+        if cfg.rollout.workers > 1:
+            on = await _rollout_workers(stack, cfg, base, pool, routing, max_context)
+
+            async def open_runner(s: SamplingConfig, batch: str) -> Runner:
+                info = BatchInfo(batch, cfg.data.env, s.model_dump(mode="json"))
+                return ParsedRunner(on.runner(info, policy), policy)
+        else:
+            common: dict[str, Any] = {"env_name": cfg.data.env, "tokenizer": tok, "pool": pool,
+                                      "policy": policy, "limits": cfg.rollout.limits,
+                                      "max_context": max_context}  # fmt: skip
+
+            async def open_runner(s: SamplingConfig, batch: str) -> Runner:
+                return await stack.enter_async_context(episode_runner(env, sampling=s, **common))
+
+        runner = await open_runner(sampling, "train")
         validation = None
         if val_tasks:
             vs = sampling.model_copy(update={"temperature": cfg.validation.temperature, "seed": 7})
-            val_runner = await stack.enter_async_context(episode_runner(env, sampling=vs, **common))
+            val_runner = await open_runner(vs, "validation")
             validation = Validation(val_runner, val_tasks, cfg.validation.every, cfg.steps)
         r = cfg.rollout
         gate = StalenessGate(r.batch_groups, r.max_staleness,
@@ -285,6 +300,34 @@ def weight_sync(
     return FolderSync(write=trainer.save_weights, root=out / "weights",
                       keep=cfg.trainer.keep_versions, pool=pool, kind=kind, origin=origin,
                       current=current)  # fmt: skip
+
+
+async def _rollout_workers(
+    stack: contextlib.AsyncExitStack,
+    cfg: TrainConfig,
+    model: Path,
+    pool: EndpointPool,
+    routing: dict[str, Any],
+    max_context: int,
+) -> WorkerPool:
+    """`rollout.workers` processes that run the episodes; they follow `pool`, which the
+    fleet and the weight sync keep changing, and stop before it does."""
+    r, n = cfg.rollout, cfg.rollout.workers
+    hosted = HostedEnv(name=cfg.data.env, spec=cfg.data.env, options=cfg.data.env_options)
+
+    def init() -> WorkerInit:  # also for a replacement: the pool as it is then
+        eps = pool.endpoints()
+        return WorkerInit(
+            model=str(model), max_context=max_context, buckets=worker_buckets(pool),
+            endpoint=split_limits(r.endpoint, n), limits=r.limits, envs=[hosted],
+            policy=r.policy, routing=routing, versions={e.url: e.version for e in eps},
+            paused=[e.url for e in eps if not e.admitting], joined_later=True,
+        )  # fmt: skip
+
+    workers = await stack.enter_async_context(WorkerPool(n, init))
+    pool.followers.append(workers)
+    stack.callback(pool.followers.remove, workers)
+    return workers
 
 
 async def _stop_engines(fleet: Fleet) -> None:

@@ -101,6 +101,11 @@ class RolloutSection(Config):
     after the version it starts on (0: synchronous, on-policy)."""
     concurrency: int = Field(64, ge=1)
     """Training episodes in flight at once (validation episodes come on top)."""
+    workers: int = Field(1, ge=1, le=256)
+    """Processes that run the episodes (one event loop tops out near 1,000 turns/s).
+    1: the training process. N > 1: N rollout workers (`libra.rollout.workers`); this
+    process admits episodes, trains on the records and owns the fleet, whose changes
+    the workers follow."""
     policy: str = "cmlfq"
     """Routing policy: `cmlfq`, `mlfq`, `predictor` or `static`."""
     routing: dict[str, Any] = Field(default_factory=dict)

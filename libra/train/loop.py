@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from libra.errors import WeightsNotDelivered
-from libra.rollout.run import finish_step
 from libra.train.display import Display, View
 from libra.train.handle import TrainerHandle
 from libra.train.metrics import StepTimes, step_row
@@ -124,7 +123,7 @@ class Loop:
                 await self._val
             publish_s = await self._publish(rep.version)
             self.rollouts.advance()
-            await finish_step(self.rollouts.runner.policy, v)
+            await self.rollouts.finish_step(v)
             now = time.monotonic()
             times = StepTimes(now - t_prev, t0 - t_wait, t1 - t0, publish_s, now - t_start)
             t_prev = now

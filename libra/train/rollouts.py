@@ -23,6 +23,7 @@ from typing import Any
 from libra.record import Trajectory
 from libra.rollout.batch import Runner, run_episodes
 from libra.rollout.episode import EpisodeSpec
+from libra.rollout.run import finish_step
 from libra.rollout.sink import JsonlSink
 from libra.train.admission import StalenessGate
 from libra.train.config import RolloutSection
@@ -162,6 +163,14 @@ class Rollouts:
 
         await self.changed.wait_for(ready)
         return None if keys is None else [self._ready.pop(k) for k in keys]
+
+    async def finish_step(self, step: int) -> None:
+        """Step `step` was trained: the routing policy applies what it held back and
+        saves its tree (`finish_step`); rollout workers' policies are told as well."""
+        await finish_step(self.runner.policy, step)
+        end_step = getattr(self.runner, "end_step", None)  # a ParsedRunner's workers
+        if end_step is not None:
+            end_step(step)
 
     def advance(self) -> None:
         """Step `version` was trained and its weights published: admit on the next."""

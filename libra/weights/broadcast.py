@@ -158,7 +158,7 @@ class BroadcastSync:
             if url not in self._open:
                 await self._open_group(session, url, ep.bucket)
             await self._transfer(session, url)
-            ep.version = version
+            self.pool.set_version(version, [url])
         except (EndpointError, OSError, TimeoutError) as e:
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             self.lost.append((url, why))

@@ -103,7 +103,7 @@ class FolderSync:
                     if self.kind == "vllm":
                         await self.pool.drain(ep.url, wait_s)
                     await load_weights(session, ep.url, self.kind, folder)
-                    ep.version = version
+                    self.pool.set_version(version, [ep.url])
                 except (EndpointError, OSError, TimeoutError) as e:
                     lost.append((ep.url, str(e).splitlines()[0] if str(e) else repr(e)))
                     await self.pool.remove_endpoint(ep.url)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
 from libra.endpoints.config import BucketConfig, EndpointConfig
 from libra.record import read_jsonl
@@ -32,9 +33,12 @@ class Fetcher(libra.Env):
 '''
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_cmlfq_moves_predicted_long_episodes_early(
-    tmp_path: Path, tiny_model: Path, spawn_fake
+    tmp_path: Path, tiny_model: Path, spawn_fake, workers: int
 ) -> None:
+    """(With 2 rollout workers the front's copy of the policy learns every record's
+    lesson and saves the tree; the workers of the next run load it.)"""
     env_file = tmp_path / "fetch_env.py"
     env_file.write_text(FETCH_ENV)
     tasks = tmp_path / "tasks.jsonl"
@@ -56,7 +60,7 @@ async def test_cmlfq_moves_predicted_long_episodes_early(
             routing={"tree_path": str(tree), "small_payload": 50, "min_samples": 2, **routing},
             buckets=[BucketConfig(name="tp1", tp=1, bound=1024, endpoints=[url1]),
                      BucketConfig(name="tp2", tp=2, bound=4096, endpoints=[url2])],
-            endpoint=EndpointConfig(backoff_s=0.01),
+            endpoint=EndpointConfig(backoff_s=0.01), workers=workers,
         )  # fmt: skip
 
     def is_long(task_id: str) -> bool:
