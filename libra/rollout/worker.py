@@ -22,6 +22,7 @@ dies):
 | `pool` c | the front's endpoint pool changed (`EndpointPool.apply`): applied in order |
 | `drain` k, url, t | stop calls to `url`, wait ≤ t s for ours: `drained` k, left |
 | `monitor` | loop lag, GC passes and CPU since the last `monitor` (benchmarks) |
+| `ping` | `pong` at once (the front kills a worker quiet for `HANG_S`) |
 
 A worker holds nothing that must survive it: finished records are the front's once
 sent, and the front runs a lost worker's episodes again elsewhere.
@@ -217,6 +218,8 @@ class Worker:
             tg.create_task(self._drain(h["k"], h["url"], h["t"]))
         elif op == "monitor":
             self.send({"op": "monitor", **self._figures()})
+        elif op == "ping":
+            self.send({"op": "pong"})
         elif op == "stop":
             return False
         return True

@@ -64,6 +64,10 @@ ABORT_WAIT_S = 10.0
 MAX_LOST = 3
 """Workers that may die under one episode before it is recorded as an error (an episode
 that kills its worker must not kill them all in turn, forever)."""
+HANG_S = 60.0
+"""A worker that has sent nothing for this long, pings included, is hung (its event loop
+blocked: a sync call that never returns, a C extension holding the GIL): it is killed,
+and its episodes run again as after a crash."""
 RESPAWN_BACKOFF_S = (0.5, 30.0)
 REPLY_SLICE = 64
 """Replies handled per event-loop iteration: each wakes its episode's task in the front
@@ -93,6 +97,8 @@ class _Worker:
     out: list[bytes] = field(default_factory=list)
     flushing: bool = False
     replies: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    heard: float = 0.0
+    """When its last frame came (monotonic)."""
 
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
         if self.writer is None or self.lost:
@@ -146,9 +152,12 @@ class WorkerPool:
         n: int,
         init_for: Callable[[], WorkerInit],
         on_lesson: Callable[[str, Lesson], None] | None = None,
+        *,
+        hang_s: float = HANG_S,
     ):
         self.n = n
         self.init_for = init_for
+        self.hang_s = hang_s
         self.on_lesson = on_lesson
         """Also given every finished record's lesson (env, lesson): a policy in the front
         that learns as the workers' do (the one `libra rollout` saves to `tree_path`)."""
@@ -236,16 +245,37 @@ class WorkerPool:
                 first = False
             print(f"libra: rollout worker {slot} started (pid {w.pid})", file=sys.stderr,
                   flush=True)  # fmt: skip
+            if self.closing:  # a replacement that came up after the pool began to close
+                w.send({"op": "stop"})
             delay = RESPAWN_BACKOFF_S[0]
+            watch = asyncio.ensure_future(self._watch(w))
             try:
                 await self._read(w, reader)
             finally:
+                watch.cancel()
                 running = self._lose(w)
                 code = await self._reap(w)
             if not self.closing:
                 print(f"libra: rollout worker {slot} (pid {w.pid}) exited with {code}; "
                       f"its {running} running episodes run again", file=sys.stderr,
                       flush=True)  # fmt: skip
+
+    async def _watch(self, w: _Worker) -> None:
+        """Ping `w` while it is quiet; kill it once it has said nothing for `hang_s`
+        (`HANG_S`): its socket then ends, and `_supervise` replaces it."""
+        loop = asyncio.get_running_loop()
+        w.heard = loop.time()
+        while True:
+            await asyncio.sleep(self.hang_s / 4)
+            quiet = loop.time() - w.heard
+            if quiet >= self.hang_s:
+                print(f"libra: rollout worker {w.slot} (pid {w.pid}) answered nothing for "
+                      f"{quiet:.0f} s: killed as hung", file=sys.stderr, flush=True)  # fmt: skip
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                return
+            if quiet >= self.hang_s / 4:
+                w.send({"op": "ping"})
 
     async def _start(self, slot: int) -> tuple[_Worker, asyncio.StreamReader]:
         cmd = [sys.executable, "-m", "libra.rollout.worker",
@@ -274,6 +304,7 @@ class WorkerPool:
                 why = got[0].get("message") if got else f"it exited ({proc.wait()})"
                 raise RuntimeError(why)
         except BaseException:
+            self._told.discard(w)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await asyncio.to_thread(proc.wait)
@@ -288,7 +319,9 @@ class WorkerPool:
     async def _read(self, w: _Worker, reader: asyncio.StreamReader) -> None:
         try:
             n = 0
+            loop = asyncio.get_running_loop()
             while (got := await read_frame(reader)) is not None:
+                w.heard = loop.time()
                 self._on_frame(w, *got)
                 n += 1
                 if n % REPLY_SLICE == 0:
@@ -300,6 +333,8 @@ class WorkerPool:
 
     def _on_frame(self, w: _Worker, h: dict[str, Any], blob: bytes) -> None:
         op = h["op"]
+        if op == "pong":
+            return  # heard: that was all
         if op in ("monitor", "drained"):
             fut = w.replies.pop("monitor" if op == "monitor" else f"drain:{h['k']}", None)
             if fut is not None and not fut.done():

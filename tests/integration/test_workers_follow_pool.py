@@ -91,3 +91,53 @@ async def test_workers_follow_joins_drains_removals_and_versions(
         (r.status, r.error) for r in records
     ][:3]
     assert {(t.endpoint, t.policy_version) for r in records for t in r.turns} == {(fresh, 5)}
+
+
+async def test_a_hung_worker_is_killed_and_its_episodes_run_again(
+    tmp_path: Path, tiny_model: Path, spawn_fake, capfd
+) -> None:
+    """A worker whose event loop stops (SIGSTOP here; in life a sync call that never
+    returns) is killed once it has answered nothing for `hang_s`; its episodes run
+    again on the other worker and its replacement."""
+    import os
+    import re
+    import signal
+
+    url, _ = spawn_fake(delay=0.1)
+    endpoint = EndpointConfig(backoff_s=0.01, health_interval_s=0.1, down_wait_s=5)
+    serving = resolve_serving(str(tiny_model), None, [BucketConfig(name="tp1")])
+    tasks = load_tasks(ROOT / "examples/data/arith-train.jsonl", 16)
+    policy = make_policy("static", serving.buckets, {})
+    records: list[Trajectory] = []
+    stopped: list[int] = []
+
+    async with EndpointPool([(b, [url]) for b in serving.buckets], endpoint) as pool:
+
+        def init() -> WorkerInit:
+            return WorkerInit(
+                model=str(tiny_model), max_context=serving.max_context,
+                buckets=worker_buckets(pool), endpoint=split_limits(endpoint, 2),
+                limits=LimitsConfig(), envs=[HostedEnv(name="arith", spec="arith")],
+                policy="static",
+            )  # fmt: skip
+
+        async with WorkerPool(2, init, hang_s=2.0) as workers:
+            info = BatchInfo("b", "arith", SamplingConfig(max_tokens=40).model_dump(mode="json"))
+            runner = ParsedRunner(workers.runner(info, policy), policy)
+
+            def emit(r: Trajectory) -> None:
+                records.append(r)
+                if len(records) == 8:
+                    stopped.append(workers.pids()[0])
+                    os.kill(stopped[0], signal.SIGSTOP)
+
+            specs = list(episode_specs(tasks, 4, "v0"))
+            await run_episodes(runner, specs, concurrency=32, emit=emit)
+
+    assert stopped
+    assert len(records) == 64 and len({r.id for r in records}) == 64
+    assert all(r.status == "ok" for r in records), {r.status for r in records}
+    err = capfd.readouterr().err
+    assert re.search(rf"rollout worker \d \(pid {stopped[0]}\) answered nothing for \d+ s: "
+                     "killed as hung", err), err  # fmt: skip
+    assert re.search(rf"\(pid {stopped[0]}\) exited with -9; its [1-9]\d* running", err), err
