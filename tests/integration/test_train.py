@@ -2,12 +2,14 @@
 the real `arith` env and tools; a small config so it takes about two minutes.
 
 One run is interrupted with Ctrl-C (SIGINT) after its first step and then resumed to the
-end by the same command, as a user would; the checks read what the run leaves behind.
+end by the same command, as a user would (the resumed half with its episodes in two
+rollout workers, one of them SIGKILLed); the checks read what the run leaves behind.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +113,18 @@ def alive(pids: set[int]) -> set[int]:
     return out
 
 
+def rollout_workers(pid: int) -> list[int]:
+    """The `libra.rollout.worker` processes below `pid`."""
+    out = []
+    for p in descendants(pid):
+        try:
+            if b"libra.rollout.worker" in Path(f"/proc/{p}/cmdline").read_bytes():
+                out.append(p)
+        except OSError:
+            pass
+    return out
+
+
 def libra_train(config: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "libra", "train", str(config), *extra]
 
@@ -154,10 +168,32 @@ def test_train_interrupt_resume_and_report(tmp_path: Path) -> None:
     assert stopped_at >= 1
     assert (out / "checkpoint" / "config.json").is_file()
 
-    # 2. the same command resumes from the checkpoint and finishes
-    done = subprocess.run(libra_train(config), capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"resuming run in {out} at step {stopped_at}" in done.stderr
+    # 2. the same command resumes from the checkpoint and finishes, here with its episodes
+    # in two rollout workers (`rollout.workers` may change on resume), one of which is
+    # SIGKILLed at the first step after the resume: it is replaced, the run goes on
+    log2 = tmp_path / "second.log"
+    with open(log2, "wb") as f:
+        proc = subprocess.Popen(libra_train(config, "--set", "rollout.workers=2"), stdout=f,
+                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while len(rows(out / "metrics.jsonl")) <= stopped_at:
+            assert proc.poll() is None, log2.read_text()
+            assert time.monotonic() < deadline, "no step within 600 s"
+            time.sleep(0.2)
+        workers = rollout_workers(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log2.read_text()
+    assert code == 0, text
+    assert f"resuming run in {out} at step {stopped_at}" in text
+    assert re.search(rf"rollout worker \d \(pid {workers[0]}\) exited with -9", text), text
+    assert len(re.findall(r"rollout worker \d started", text)) == 3  # two, one replacement
 
     metrics = rows(out / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, 17))
@@ -168,10 +204,20 @@ def test_train_interrupt_resume_and_report(tmp_path: Path) -> None:
         assert r["groups"] == 4
     assert any(r["val_reward"] is not None for r in metrics)
 
-    # every turn records the weights version that produced it; versions advance
+    # every turn records the weights version that produced it, also from a worker (the
+    # workers follow the fleet's publications): that of its group or the next
+    # (max_staleness 1); versions advance; each episode of the resumed run is recorded
+    # once, a lost worker's re-runs included
     trajectories = rows(out / "trajectories.jsonl")
     versions = {t["policy_version"] for rec in trajectories for t in rec["turns"]}
     assert versions >= {0, 1, 2, 3}
+    for rec in trajectories:
+        assert rec["batch_id"] == f"v{rec['step']}"
+        assert all(rec["step"] <= t["policy_version"] <= rec["step"] + 1 for t in rec["turns"])
+    ids = [rec["id"] for rec in trajectories if rec["step"] > stopped_at]  # resumed run's
+    assert ids and len(ids) == len(set(ids))
+    # the routing tree the run saved learned from every trained episode at least
+    assert orjson.loads((out / "routing-tree.json").read_bytes())["episodes"] >= 16 * 4 * 4
 
     # the planner moved the hybrid: it starts serving rollouts, but training takes
     # several times the rollout here, and a second replica pays its measured cost back
