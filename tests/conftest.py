@@ -130,12 +130,17 @@ def spawn_fake(tiny_model: Path) -> Iterator[callable]:
         p.wait()
 
 
+RAY_STORE = 80 << 20
+"""Bytes of object store per node of the test Ray cluster: Libra puts nothing big there."""
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     """A local Ray cluster of three nodes on this machine, shared by every Ray test: a
     head without CPUs (nothing is placed there) and two nodes of one logical CPU each,
-    so that engines reserving a CPU each land on different nodes. Dashboard off, small
-    object stores. Skips without ray (fails under CI=true)."""
+    so that engines reserving a CPU each land on different nodes. A test may add a node
+    and kill one (a lost node), leaving two again. Dashboard off, small object stores.
+    Skips without ray (fails under CI=true)."""
     import importlib.util
 
     need(
@@ -144,14 +149,17 @@ def ray_cluster() -> Iterator[object]:
     )
     from ray.cluster_utils import Cluster
 
-    small = 80 << 20  # bytes of object store per node: Libra puts nothing big there
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": small},
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": RAY_STORE,
+        },
     )
     try:
         for _ in range(2):
-            cluster.add_node(num_cpus=1, object_store_memory=small)
+            cluster.add_node(num_cpus=1, object_store_memory=RAY_STORE)
         cluster.wait_for_nodes()
         yield cluster
     finally:

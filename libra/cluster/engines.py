@@ -31,6 +31,13 @@ from libra.cluster.config import VllmSection
 from libra.cluster.placement import Slot
 from libra.engine.weights import EndpointKind
 
+LOST = -1
+"""`returncode` of a remote engine that is gone with its node (or its actor)."""
+SILENT_S = 5.0
+"""A remote engine whose host has not answered a poll for this long, and whose own
+`/health` does not answer either, is taken as lost with its node (`Fleet.watch`): Ray
+itself declares a node dead only after its health checks fail for tens of seconds."""
+
 SERVED_NAME = "libra-policy"
 """`--served-model-name` of every vLLM instance `libra train` starts (the weights
 change, the name does not)."""
@@ -51,6 +58,14 @@ class RemoteProcess(Protocol):
     def last_error(self) -> str: ...
     async def stop(self, grace_s: float) -> None: ...
     def kill(self) -> None: ...
+    def silent_s(self) -> float:
+        """Seconds its host has left the latest poll unanswered (0 when none waits)."""
+        ...
+
+    def lose(self, why: str) -> None:
+        """Take it as gone with its node: `returncode` reads `LOST` from now on, `stop`
+        only releases what it held here."""
+        ...
 
 
 @dataclass(eq=False, slots=True)
@@ -94,6 +109,19 @@ async def stop_engine(engine: Engine, grace_s: float) -> None:
         await process.stop(engine.process, grace_s)
     else:
         await engine.process.stop(grace_s)
+
+
+async def check_node(engine: Engine) -> None:
+    """A remote engine whose host has been silent for `SILENT_S` and whose own `/health`
+    does not answer either is gone with its node: `lose` it (its `returncode` reads
+    `LOST`). A local engine's exit is its `returncode` already."""
+    p = engine.process
+    if isinstance(p, process.Child) or p.returncode is not None:
+        return
+    silent = p.silent_s()
+    if silent > SILENT_S and not await asyncio.to_thread(process.healthy, p.url, 2.0):
+        p.lose(f"its node {engine.slot.node} does not answer: its host has not answered "
+               f"for {silent:.0f} s, nor {p.url}/health")  # fmt: skip
 
 
 def kill_engine(engine: Engine) -> None:
@@ -250,13 +278,16 @@ class Launched:
 
 
 __all__ = [
+    "LOST",
     "SERVED_NAME",
+    "SILENT_S",
     "EmbeddedLauncher",
     "Engine",
     "EngineLauncher",
     "Launched",
     "RemoteProcess",
     "VllmLauncher",
+    "check_node",
     "kill_engine",
     "stop_engine",
 ]

@@ -16,8 +16,12 @@ spawned with.
 `ray` is imported here only, and only when the backend is asked for: without it the
 run stops in one line naming the install command.
 
-Not done yet (docs/cluster.md): vLLM servers on Ray, trainer replicas on Ray nodes,
-node loss beyond "the engine is gone" (`returncode` reports a lost actor as exited).
+A lost node: its actor's polls go unanswered until Ray declares the node dead (its
+health checks, tens of seconds), then `returncode` reads `LOST`. `Fleet.watch` does not
+wait that long: a host silent for `SILENT_S` whose engine's `/health` does not answer
+either is `lose`-d at once, and the engine is replaced where Ray finds room.
+
+Not done yet (docs/cluster.md): vLLM servers on Ray, trainer replicas on Ray nodes.
 """
 
 from __future__ import annotations
@@ -25,20 +29,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from libra.cluster import process
 from libra.cluster.config import ClusterSection
-from libra.cluster.engines import EmbeddedLauncher, Engine
+from libra.cluster.engines import LOST, EmbeddedLauncher, Engine
 from libra.cluster.placement import DeviceKind, Slot
 from libra.engine.weights import EndpointKind
 from libra.errors import ConfigError, EndpointError
 
 INSTALL = "pip install 'libra-rl[ray]'"
-LOST = -1
-"""`returncode` of an engine whose actor is gone (its node was lost, or it was killed)."""
 
 
 def _ray() -> Any:
@@ -135,6 +138,8 @@ class RayProcess:
     group: Any
     """Its placement group."""
     _poll: Any = None
+    _sent: float = 0.0
+    """When `_poll` was sent (monotonic)."""
     _code: int | None = None
     _lost: str = ""
 
@@ -146,7 +151,7 @@ class RayProcess:
             return self._code
         ray = _ray()
         if self._poll is None:
-            self._poll = self.actor.returncode.remote()
+            self._poll, self._sent = self.actor.returncode.remote(), time.monotonic()
             return None
         ready, _ = ray.wait([self._poll], timeout=0)
         if not ready:
@@ -157,6 +162,15 @@ class RayProcess:
         except ray.exceptions.RayError as e:
             self._code, self._lost = LOST, f"its Ray actor on node {self.node} is gone: {e}"
         return self._code
+
+    def silent_s(self) -> float:
+        if self._poll is None or self._code is not None:
+            return 0.0
+        return time.monotonic() - self._sent
+
+    def lose(self, why: str) -> None:
+        if self._code is None:
+            self._code, self._lost = LOST, why
 
     def last_error(self) -> str:
         if self._lost:
@@ -169,6 +183,9 @@ class RayProcess:
 
     async def stop(self, grace_s: float) -> None:
         ray = _ray()
+        if self._code == LOST:  # nothing answers there: free what it held here
+            self._release(ray)
+            return
         try:
             async with asyncio.timeout(grace_s + 15):
                 await self.actor.stop.remote(grace_s)

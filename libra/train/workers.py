@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from libra.cluster.engines import Engine, EngineLauncher, kill_engine, stop_engine
+from libra.cluster.engines import (
+    LOST,
+    Engine,
+    EngineLauncher,
+    check_node,
+    kill_engine,
+    stop_engine,
+)
 from libra.cluster.placement import Placement
 from libra.errors import EndpointDown
 from libra.weights import Weights, WeightSync
@@ -172,15 +179,22 @@ class Fleet:
 
     async def watch(self, interval_s: float = 1.0, on_event: OnEvent | None = None) -> None:
         """Runs until cancelled. An engine that exits while serving (a crashed vLLM
-        engine core takes its API server down) is replaced on its devices (`replace`);
+        engine core takes its API server down), or is lost with its node, is replaced
+        on its devices (`replace`; a Ray engine where Ray finds room);
         when a worker has used up its restarts, or a restart fails, raises
         `EndpointDown` (with the log's last error), so a run fails in one line instead
         of waiting on a bucket with no engine."""
         while True:
             for w in list(self.workers):
                 e = w.engine
-                if e is not None and e.process.returncode is not None and w.role == "rollout":
-                    why = (f"exited with code {e.process.returncode} while serving; log "
+                if e is None or w.role != "rollout":
+                    continue
+                await check_node(e)
+                code = e.process.returncode
+                if code == LOST:
+                    await self.replace(w, f"lost: {e.process.last_error()}", on_event)
+                elif code is not None:
+                    why = (f"exited with code {code} while serving; log "
                            f"{e.process.log_path}: {e.process.last_error()}")  # fmt: skip
                     await self.replace(w, why, on_event)
             await asyncio.sleep(interval_s)

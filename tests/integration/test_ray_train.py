@@ -2,11 +2,14 @@
 three-node Ray cluster (tests/conftest.py `ray_cluster`): the real embedded engines in
 Ray actors on two nodes, the real trainer on this machine, the real `arith` env. The
 checks read what a user reads: the steps and their reward, where each worker ran in
-`events.jsonl`, and that no engine is left running once the command has exited."""
+`events.jsonl`, every episode recorded once when a node is lost mid-run, and that
+nothing of the lost node, and no engine at all once the command has exited, is left
+running."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,12 +19,12 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import RAY_STORE, ROOT
 
 CONFIG = f"""
 out = "{{out}}"
 seed = 5
-steps = 3
+steps = 8
 
 [model]
 hidden_size = 64
@@ -84,8 +87,31 @@ def engines_of(out: Path) -> list[int]:
     return found
 
 
+def engine_on_port(out: Path, port: int) -> int:
+    """The `libra serve-engine` process of this run listening on `port`."""
+    for pid in engines_of(out):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if str(port).encode() in cmd[cmd.index(b"--port") + 1 : cmd.index(b"--port") + 2]:
+            return pid
+    raise AssertionError(f"no engine of {out} on port {port}")
+
+
+def parent_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
+
+
 @pytest.mark.timeout(600)
-def test_train_with_engines_placed_by_ray_on_two_nodes(tmp_path: Path, ray_cluster: Any) -> None:
+def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    """Three CPU nodes, two engines: after the first step the node of `rollout0` is
+    killed outright (its raylet and everything Ray started there, no cleanup). Its
+    episodes re-route to the other engine, the engine is replaced on the spare node,
+    every step trains, every episode is recorded once, and nothing of the killed node
+    keeps running."""
+    spare = ray_cluster.add_node(num_cpus=1, object_store_memory=RAY_STORE)
+    ray_cluster.wait_for_nodes()
     out = tmp_path / "run"
     config = tmp_path / "train.toml"
     config.write_text(CONFIG.replace("{out}", str(out)).replace("{address}", ray_cluster.address))
@@ -93,42 +119,108 @@ def test_train_with_engines_placed_by_ray_on_two_nodes(tmp_path: Path, ray_clust
     t0 = time.monotonic()
     log = tmp_path / "train.log"
     seen: set[int] = set()  # engine processes seen while it ran
+    killed: dict[str, Any] = {}
     with open(log, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "libra", "train", str(config)],
                                 stdout=f, stderr=subprocess.STDOUT, env=env)  # fmt: skip
         try:
             while proc.poll() is None and time.monotonic() - t0 < 540:
                 seen.update(engines_of(out))
+                if not killed and (out / "metrics.jsonl").is_file() and rows(out / "metrics.jsonl"):
+                    killed = kill_node_of(ray_cluster, out, "rollout0")
                 time.sleep(0.5)
         finally:
             if proc.poll() is None:
                 proc.kill()
             code = proc.wait()
+            if not killed:  # leave the shared cluster as it was: two CPU nodes
+                ray_cluster.remove_node(spare)
     assert code == 0, log.read_text()[-4000:]
+    assert killed, "the run ended before its first step was recorded"
     assert len(seen) >= 2, seen
-    print(f"libra train on Ray: {time.monotonic() - t0:.1f} s")
+    print(f"libra train on Ray, a node lost: {time.monotonic() - t0:.1f} s")
 
-    # the steps ran and recorded a reward, as in a run on one machine
+    # nothing of the killed node runs on: its engine (started in its own process group
+    # by the actor) and the actor's worker process
+    assert wait_gone(killed["engine"]), "the lost node's engine kept serving"
+    left = [pid for pid in killed["workers"] if not wait_gone(pid)]
+    assert not left, f"processes of the lost node left running: {left}"
+
+    # every step trained and recorded a reward, as in a run on one machine
     metrics = rows(out / "metrics.jsonl")
-    assert [r["step"] for r in metrics] == [1, 2, 3]
+    assert [r["step"] for r in metrics] == list(range(1, 9))
     assert all(isinstance(r["reward"], float) for r in metrics)
 
-    # events.jsonl names each worker's node: the engines on the two nodes with a CPU
-    # (the head has none), the trainer on this machine's node
-    workers = {n.node_id for n in ray_cluster.worker_nodes}
+    # every episode once: the lost engine's turns re-routed, none recorded twice (the
+    # run samples more groups than it trains on: groups of equal rewards are dropped)
+    records = rows(out / "trajectories.jsonl")
+    assert len(records) >= 8 * 2 * 4  # steps x groups x group size
+    assert len({r["id"] for r in records}) == len(records)
+
+    # events.jsonl names each worker's node: the engines on two of the nodes with a CPU
+    # (the head has none), the trainer on this machine's node; the lost engine on the
+    # killed node, its replacement on the one left free
     head = ray_cluster.head_node.node_id
-    started = [e for e in rows(out / "events.jsonl") if e["event"] == "fleet-started"]
+    events = rows(out / "events.jsonl")
+    started = [e for e in events if e["event"] == "fleet-started"]
     assert len(started) == 1
     nodes = started[0]["nodes"]
-    assert {nodes["rollout0"], nodes["rollout1"]} == workers, nodes
+    cpu_nodes = {n.node_id for n in ray_cluster.worker_nodes} | {killed["node"]}
+    assert nodes["rollout0"] != nodes["rollout1"], nodes
+    assert {nodes["rollout0"], nodes["rollout1"]} <= cpu_nodes, nodes
     assert nodes["train0"] == head
     assert started[0]["roles"]["rollout"] == ["rollout0", "rollout1"]
+    lost = [e for e in events if e["event"] == "engine-lost"]
+    restarted = [e for e in events if e["event"] == "engine-restarted"]
+    assert [(e["worker"], e["node"]) for e in lost] == [("rollout0", killed["node"])], lost
+    # found by the watcher (the node does not answer) or by a publication it missed
+    assert any(w in lost[0]["why"] for w in ("lost", "not delivered")), lost
+    free = cpu_nodes - {killed["node"], nodes["rollout1"]}
+    assert [(e["worker"], e["node"]) for e in restarted] == [("rollout0", *free)], restarted
+    # no episode failed for it, and the replacement served turns of later steps
+    assert not [r["error"] for r in records if r["status"] == "error"]
+    served = {t["endpoint"] for r in records for t in r["turns"]}
+    assert {lost[0]["url"], restarted[0]["url"]} <= served, served
 
     # nothing of the engines is left once the command has exited
     deadline = time.monotonic() + 15
     while engines_of(out) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not engines_of(out), f"engines left running: {engines_of(out)}"
+
+
+def kill_node_of(cluster: Any, out: Path, worker: str) -> dict[str, Any]:
+    """Kill the Ray node that runs `worker`'s engine, as a machine is lost: its raylet
+    and the processes Ray started there get SIGKILL, nothing is stopped cleanly."""
+    started = next(e for e in rows(out / "events.jsonl") if e["event"] == "fleet-started")
+    node_id = started["nodes"][worker]
+    node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+    served = (out / "logs" / f"engine-{worker}.log").read_text()
+    port = int(re.findall(r"on http://[^:]+:(\d+)", served)[0])
+    engine = engine_on_port(out, port)
+    actor = parent_of(engine)
+    raylet = node.all_processes["raylet"][0].process.pid
+    workers = descendants(raylet)  # Ray's worker processes there, the actor's included
+    assert actor in workers and engine in workers, (actor, engine, workers)
+    cluster.remove_node(node, allow_graceful=False)
+    return {"node": node_id, "engine": engine, "actor": actor, "workers": workers}
+
+
+def descendants(root: int) -> list[int]:
+    """Live processes below `root` (children, theirs, ...)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit() and not gone(int(d)):
+            try:
+                children.setdefault(parent_of(int(d)), []).append(int(d))
+            except (OSError, StopIteration):
+                continue
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 def gone(pid: int) -> bool:
@@ -167,7 +259,8 @@ async def test_an_engine_on_ray_stops_with_its_actor(
         here = Slot("local", "cpu")
         a, b = [await launcher.start(w, 1, here, str(tiny_model), tmp_path / "logs")
                 for w in ("a", "b")]  # fmt: skip
-        assert {a.slot.node, b.slot.node} == {n.node_id for n in ray_cluster.worker_nodes}
+        assert a.slot.node != b.slot.node
+        assert {a.slot.node, b.slot.node} <= {n.node_id for n in ray_cluster.worker_nodes}
         assert isinstance(a.process, RayProcess) and isinstance(b.process, RayProcess)
         assert healthy(a.url) and healthy(b.url)
         assert a.process.returncode is None
