@@ -55,6 +55,22 @@ def add_fleet_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, help="largest total context per episode")
 
 
+def add_ray_flag(p: argparse.ArgumentParser) -> None:
+    """`--ray [ADDRESS]`: the engines `--launch` starts are placed by Ray (jobs that start
+    engines but have no `[cluster]` table of their own to set)."""
+    p.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                   help="start the launched engines in Ray actors on the nodes of the Ray "
+                   "cluster at ADDRESS (default auto: the one `ray start` runs here; "
+                   "HOST:PORT or ray://HOST:PORT); needs pip install 'libra-rl[ray]'")  # fmt: skip
+
+
+def ray_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Config overrides from `--ray`."""
+    if args.ray is None:
+        return {}
+    return {"cluster.backend": "ray", "cluster.address": args.ray}
+
+
 def fleet_overrides(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
     """Config overrides (dotted keys) from `add_fleet_flags`; `prefix` places them under a
     table (e.g. `rollout.`)."""

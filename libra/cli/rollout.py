@@ -9,9 +9,11 @@ import sys
 from libra.cli.common import (
     add_fleet_flags,
     add_json_flag,
+    add_ray_flag,
     apply_bucket_flags,
     fleet_overrides,
     print_json,
+    ray_overrides,
 )
 from libra.errors import ConfigError
 
@@ -57,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     )
     p.add_argument("--batch-id", help="batch id stamped on records")
     add_fleet_flags(p)
+    add_ray_flag(p)
     p.add_argument("--seed", type=int, help="sampling seed (per episode: seed + index)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     add_json_flag(p)
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "batch_id": args.batch_id,
         "sampling.seed": args.seed,
         **fleet_overrides(args),
+        **ray_overrides(args),
     }
     cfg = cfgmod.load(RolloutConfig, args.config, overrides)
     apply_bucket_flags(cfg, args)

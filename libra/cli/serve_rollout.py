@@ -7,7 +7,13 @@ import argparse
 import logging
 import sys
 
-from libra.cli.common import add_fleet_flags, apply_bucket_flags, fleet_overrides
+from libra.cli.common import (
+    add_fleet_flags,
+    add_ray_flag,
+    apply_bucket_flags,
+    fleet_overrides,
+    ray_overrides,
+)
 
 EPILOG = """\
 examples:
@@ -46,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                    help="processes that run episodes, each with its own event loop, behind "
                    "the one API and spool (default 1: this process)")  # fmt: skip
     add_fleet_flags(p)
+    add_ray_flag(p)
     p.add_argument("--endpoint-kind", choices=["auto", "embedded", "vllm"],
                    help="how POST /v1/weights loads checkpoints (default auto)")  # fmt: skip
     p.add_argument("--weights-dir", action="append", metavar="DIR",
@@ -76,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         "spool.fsync": args.fsync,
         "spool.on_restart": args.on_restart,
         **fleet_overrides(args),
+        **ray_overrides(args),
     }
     cfg = cfgmod.load(ServiceConfig, args.config, overrides)
     cfg.token = token_from_env(args.token or cfg.token)

@@ -232,7 +232,9 @@ class VllmLauncher:
 
 class Launched:
     """`async with Launched(model_dir, counts) as urls:` -> {bucket: [url, ...]}: embedded
-    engines for one job, all stopped when the block ends (also on errors and Ctrl-C)."""
+    engines for one job, all stopped when the block ends (also on errors and Ctrl-C).
+    `launcher`: how they start (default: local `libra serve-engine` processes; a
+    `RayLauncher` places them on a Ray cluster's nodes, `libra.cluster.backend`)."""
 
     def __init__(
         self,
@@ -242,17 +244,18 @@ class Launched:
         startup_timeout_s: float = 120.0,
         extra_args: list[str] | None = None,
         log_dir: str | Path | None = None,
+        launcher: EngineLauncher | None = None,
     ):
         self.model_dir = str(model_dir)
         self.counts = {k: v for k, v in counts.items() if v > 0}
-        self.launcher = EmbeddedLauncher(
+        self.launcher = launcher or EmbeddedLauncher(
             startup_timeout_s=startup_timeout_s, extra_args=list(extra_args or [])
         )
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="libra-engines-"))
         self.engines: dict[str, list[Engine]] = {}
 
     async def __aenter__(self) -> dict[str, list[str]]:
-        slot = Slot("local", "cpu")
+        slot = Slot("local", "cpu")  # a RayLauncher's engines say where Ray put them
         names = [(b, f"{b}-{i}") for b, n in self.counts.items() for i in range(n)]
         results = await asyncio.gather(
             *(self.launcher.start(name, 1, slot, self.model_dir, self.log_dir)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +62,10 @@ def connect(section: ClusterSection) -> None:
     if ray.is_initialized():
         return
     address = None if section.address == "local" else section.address
+    # ray.init replaces this process's SIGTERM handler (with one that exits at once, and
+    # a native one that logs first): the job's own (a graceful stop that stops its
+    # engines) is put back.
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  namespace="libra")  # fmt: skip
@@ -68,6 +74,9 @@ def connect(section: ClusterSection) -> None:
             f"cluster.address: no Ray cluster at {section.address!r} ({e}); start one "
             "(`ray start --head`) or set cluster.address"
         ) from None
+    finally:
+        if threading.current_thread() is threading.main_thread() and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def this_node() -> str:

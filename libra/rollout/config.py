@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
+from libra.cluster.config import ClusterSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.rollout.toolrun import DEFAULT_MAX_OUTPUT_BYTES
@@ -76,3 +77,6 @@ class RolloutConfig(Config):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    """Where the engines `launch` asks for start: `backend = "ray"` places each on a node
+    of a Ray cluster (docs/cluster.md); URLs given as endpoints are used as they are."""

@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from libra.chat import ChatTokenizer
-from libra.cluster.engines import Launched
+from libra.cluster import backend
+from libra.cluster.config import ClusterSection
+from libra.cluster.engines import EmbeddedLauncher, Launched
 from libra.endpoints.config import BucketConfig, EndpointConfig
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, ModelError
@@ -141,18 +144,30 @@ def resolve_serving(
 
 @contextlib.asynccontextmanager
 async def open_pool(
-    serving: Serving, config: EndpointConfig, *, joined_later: bool = False
+    serving: Serving,
+    config: EndpointConfig,
+    *,
+    cluster: ClusterSection | None = None,
+    joined_later: bool = False,
 ) -> AsyncIterator[EndpointPool]:
-    """Start the embedded engines the buckets ask for (`launch`), then the endpoint pool
-    over them and the configured URLs; both stop when the block ends. (`joined_later`:
-    as `EndpointPool` takes it.)"""
+    """Start the embedded engines the buckets ask for (`launch`: local processes, or
+    Ray actors with `cluster.backend = "ray"`, each engine's node named on stderr), then
+    the endpoint pool over them and the configured URLs; both stop when the block ends.
+    (`joined_later`: as `EndpointPool` takes it.)"""
     urls = {b.name: list(b.endpoints) for b in serving.configs}
     launch = {b.name: b.launch for b in serving.configs}
     async with contextlib.AsyncExitStack() as stack:
         if any(launch.values()):
-            started = await stack.enter_async_context(Launched(serving.model_dir, launch))
+            section = cluster or ClusterSection()
+            launcher = backend.embedded(section, EmbeddedLauncher(startup_timeout_s=120.0))
+            launched = Launched(serving.model_dir, launch, launcher=launcher)
+            started = await stack.enter_async_context(launched)
             for name, extra in started.items():
                 urls[name] += extra
+            if section.backend == "ray":
+                for e in (e for es in launched.engines.values() for e in es):
+                    print(f"libra: engine {e.worker} on Ray node {e.slot.node} at {e.url}",
+                          file=sys.stderr, flush=True)  # fmt: skip
         pool = EndpointPool(
             [(b, urls[b.name]) for b in serving.buckets], config, joined_later=joined_later
         )

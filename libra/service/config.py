@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from libra.cluster.config import ClusterSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.rollout.config import LimitsConfig
@@ -86,6 +87,9 @@ class ServiceConfig(Config):
     """Defaults for a submit's `sampling` (it overrides keys it names)."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    """Where the engines `launch` asks for start: `backend = "ray"` places each on a node
+    of a Ray cluster (docs/cluster.md); URLs given as endpoints are used as they are."""
     endpoint_kind: Literal["auto", "embedded", "vllm"] = "auto"
     """How `POST /v1/weights` loads a checkpoint: `embedded` (`libra serve-engine`),
     `vllm` (dev-mode pause / reload / reset / resume), or `auto` (from `/v1/models`)."""

@@ -91,7 +91,9 @@ async def _serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
-        pool = await stack.enter_async_context(open_pool(serving, config.endpoint))
+        pool = await stack.enter_async_context(
+            open_pool(serving, config.endpoint, cluster=config.cluster)
+        )
         manager = BatchManager(
             config=config,
             pool=pool,

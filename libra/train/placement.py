@@ -21,6 +21,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from libra.cluster import backend
 from libra.cluster.config import VllmSection
 from libra.cluster.engines import EmbeddedLauncher, EngineLauncher, VllmLauncher
 from libra.cluster.placement import Placement
@@ -142,20 +143,15 @@ def launcher(cfg: TrainConfig) -> EngineLauncher:
     """How the fleet's engines start; a vllm fleet is checked first (`check`); with
     `cluster.backend = "ray"` this joins the Ray cluster."""
     f = cfg.fleet
-    if cfg.cluster.backend == "ray":
-        if f.kind != "embedded":
-            raise ConfigError(
-                "cluster.backend = 'ray' places embedded engines only so far; vLLM servers on "
-                "Ray are not done yet (#21): set fleet.kind = 'embedded' or cluster.backend "
-                "= 'local'"
-            )
-        from libra.cluster.raylaunch import RayLauncher, connect
-
-        connect(cfg.cluster)
-        local = EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
-        return RayLauncher(local, cfg.cluster)
+    if cfg.cluster.backend == "ray" and f.kind != "embedded":
+        raise ConfigError(
+            "cluster.backend = 'ray' places embedded engines only so far; vLLM servers on "
+            "Ray are not done yet (#21): set fleet.kind = 'embedded' or cluster.backend "
+            "= 'local'"
+        )
     if f.kind == "embedded":
-        return EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
+        local = EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
+        return backend.embedded(cfg.cluster, local)
     return VllmLauncher(f.vllm, check(cfg), max_num_seqs=f.engine_max_num_seqs)
 
 

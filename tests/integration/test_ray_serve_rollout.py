@@ -1,0 +1,72 @@
+"""`libra serve-rollout --ray ADDRESS --launch 2`: the service's engines are started and
+placed by Ray, one on each CPU node of a local three-node Ray cluster (tests/conftest.py
+`ray_cluster`), one service in front. Real engines, real HTTP, the real `arith` env:
+a batch is served by both engines, and nothing of them is left once the service stops."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libra.client import Client
+from tests.integration.service_util import Service
+
+
+def engine_on(port: int) -> int | None:
+    """The live `libra serve-engine` process listening on `port`, if any."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"serve-engine" not in args or b"--port" not in args or state == "Z":
+            continue
+        if args[args.index(b"--port") + 1] == str(port).encode():
+            return int(d)
+    return None
+
+
+@pytest.mark.timeout(400)
+def test_serve_rollout_places_its_engines_with_ray(
+    tmp_path: Path, ray_cluster: Any, tiny_model: Path
+) -> None:
+    svc = Service(tmp_path, tiny_model, [], "--launch", "2", "--env", "arith",
+                  "--ray", ray_cluster.address)  # fmt: skip
+    svc.start(timeout=300)
+    try:
+        # each engine's node is named on stderr: one engine on each node with a CPU
+        placed = re.findall(r"engine (\S+) on Ray node (\S+) at (\S+)", svc.log())
+        assert sorted(name for name, _, _ in placed) == ["tp1-0", "tp1-1"], svc.log()
+        assert {node for _, node, _ in placed} == {n.node_id for n in ray_cluster.worker_nodes}
+        urls = {url for _, _, url in placed}
+        pids = [engine_on(int(url.rsplit(":", 1)[1])) for url in urls]
+        assert None not in pids, (urls, pids)
+
+        tasks = [{"id": f"t{i}", "question": f"{i} + {i}", "answer": str(2 * i)}
+                 for i in range(8)]  # fmt: skip
+        with Client(svc.url, reconnect_s=5) as c:
+            batch = c.submit("arith", tasks, group_size=2)
+            records = list(c.trajectories(batch))
+        assert sorted(r.id for r in records) == sorted(
+            f"{batch}/{t['id']}/{k}" for t in tasks for k in range(2)
+        )
+        assert not [r.error for r in records if r.status == "error"]
+        served = {t.endpoint for r in records for t in r.turns}
+        assert served == urls, (served, urls)  # both engines, through the one service
+    finally:
+        code = svc.stop()
+    assert code == 0, svc.log()[-3000:]
+
+    # the engines stop with the service (their actors and placement groups with them)
+    deadline = time.monotonic() + 15
+    while any(engine_on(int(u.rsplit(":", 1)[1])) for u in urls) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not [u for u in urls if engine_on(int(u.rsplit(":", 1)[1]))], "engines left running"
