@@ -16,4 +16,5 @@ BENCHMARKS: dict[str, str] = {
     "sim-grid": "sim_grid",
     "publish": "publish",
     "train-ray": "train_ray",
+    "trainer": "trainer",
 }

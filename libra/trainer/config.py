@@ -47,6 +47,10 @@ class GRPOConfig(Config):
     mini-batches; from the second on the clipped ratio is active."""
     micro_batch_tokens: int = Field(4096, ge=1)
     """Padded tokens per forward/backward pass (gradient accumulation bound)."""
+    logprob_chunk_tokens: int = Field(1024, ge=0)
+    """Positions whose logits over the vocabulary are computed at once (each chunk
+    recomputed in the backward): a micro-batch's whole float32 logits never exist.
+    0: all at once (the model's own forward)."""
 
 
 class OptimConfig(Config):
@@ -111,6 +115,10 @@ class TrainerConfig(Config):
     seed: int = 0
     """Seed for anything random in the trainer (dummy inputs only; data order is the
     caller's)."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input in the forward and recompute the layer in
+    the backward (non-reentrant `torch.utils.checkpoint`): the layers' activations
+    shrink to one hidden state per layer and token, for about a third more compute."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     elastic: ElasticConfig = Field(default_factory=ElasticConfig)

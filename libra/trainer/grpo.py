@@ -17,14 +17,23 @@ Per loss token t of a sample with advantage A (see docs/grpo.md):
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from libra.trainer.config import GRPOConfig
 from libra.trainer.device import CPU, Device, autocast
 from libra.trainer.samples import Sample
+
+# The chunked path's forward returns the final hidden states, a view of the decoder's
+# output; FSDP2 warns (once per pass) that an in-place op on a root's view output would
+# skip its backward hook. Nothing writes to it in place: reshape copies it.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
 
 METRICS = ("loss", "pg", "kl", "clipped", "tis_capped", "mismatch_kl", "rollout_tokens")
 """Summed per-token statistics every replica contributes (see `LocalStats`)."""
@@ -96,14 +105,71 @@ def plan_micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]
 
 def token_logprobs(
     model: torch.nn.Module, mb: MicroBatch, temperature: float, dtype: str = "float32",
-    *, device: Device = CPU,
+    *, device: Device = CPU, chunk_tokens: int = 0,
 ) -> torch.Tensor:  # fmt: skip
-    """log softmax(logits / temperature) of each next token: [B, T-1] (float32)."""
+    """log softmax(logits / temperature) of each next token: [B, T-1] (float32).
+
+    `chunk_tokens` > 0: the output head runs on that many positions at a time, each
+    chunk recomputed in the backward (`torch.utils.checkpoint`), so a micro-batch's
+    float32 logits over the vocabulary ([B, T, V]: 1 GiB at 8,192 tokens x 32k) never
+    exist at once; the result is the same. 0: the model's own forward, whole logits."""
+    head = _head(model) if chunk_tokens > 0 else None
+    if head is None or not isinstance(head, torch.nn.Linear) or _scales_logits(model):
+        with autocast(device, dtype):
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        logits = logits[:, :-1].float() / temperature
+        targets = mb.input_ids[:, 1:].unsqueeze(-1)
+        return (logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)).float()
+    b, t = mb.input_ids.shape
     with autocast(device, dtype):
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-    logits = logits[:, :-1].float() / temperature
-    targets = mb.input_ids[:, 1:].unsqueeze(-1)
-    return (logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)).float()
+        with _head_skipped(head):  # the forward returns the final hidden states
+            hidden = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        h = hidden[:, :-1].reshape(b * (t - 1), -1)
+        targets = mb.input_ids[:, 1:].reshape(-1)
+        parts = []
+        for lo in range(0, h.shape[0], chunk_tokens):
+            args = (h[lo : lo + chunk_tokens], head.weight, head.bias,
+                    targets[lo : lo + chunk_tokens], temperature)  # fmt: skip
+            if torch.is_grad_enabled():
+                parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+            else:
+                parts.append(_chunk_logprobs(*args))
+    return torch.cat(parts).view(b, t - 1).float()
+
+
+def _chunk_logprobs(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:  # fmt: skip
+    logits = F.linear(h, weight, bias).float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def _head(model: torch.nn.Module) -> torch.nn.Module | None:
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
+def _scales_logits(model: torch.nn.Module) -> bool:
+    """Does the model change its head's output before returning it (Gemma's soft cap,
+    Cohere's scale)? Then only its own forward gives its logits."""
+    c = getattr(model, "config", None)
+    return bool(getattr(c, "final_logit_softcapping", None) or getattr(c, "logit_scale", None))
+
+
+@contextlib.contextmanager
+def _head_skipped(head: torch.nn.Module) -> Iterator[None]:
+    """The output head passes its input through for the duration (its instance's
+    `forward` shadows the class's): the model returns hidden states as its `logits`."""
+    head.forward = _identity
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def token_loss(
@@ -199,7 +265,8 @@ def backward(
         if mb is None:
             dummy_pass(model)
             continue
-        logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device)
+        logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device,
+                              chunk_tokens=cfg.logprob_chunk_tokens)  # fmt: skip
         if old is None:
             prev = logp.detach()
         else:
@@ -209,7 +276,8 @@ def backward(
         ref = None
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                ref = token_logprobs(ref_model, mb, cfg.temperature, dtype, device=device)
+                ref = token_logprobs(ref_model, mb, cfg.temperature, dtype, device=device,
+                                    chunk_tokens=cfg.logprob_chunk_tokens)  # fmt: skip
         total, m = token_loss(logp, prev, mb.rollout, mb.advantage, mb.mask, cfg, ref)
         total.backward()
         part = LocalStats(tokens=int(mb.mask.sum()), samples=len(idx), metrics=m)
@@ -235,7 +303,8 @@ def old_logprobs(
             ids = torch.zeros(1, 2, dtype=torch.long)
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
             continue
-        logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device)
+        logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device,
+                              chunk_tokens=cfg.logprob_chunk_tokens)  # fmt: skip
         for row, i in enumerate(idx):
             out[i] = logp[row, : mb.lengths[row] - 1].clone()
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from libra.errors import ModelError
+from libra.errors import ConfigError, ModelError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -40,6 +40,18 @@ def load_model(folder: str | Path) -> torch.nn.Module:
     model.config.use_cache = False
     model.train()
     return model
+
+
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer in the backward instead of keeping its activations
+    (transformers' gradient checkpointing, non-reentrant: it composes with FSDP2)."""
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"{type(model).__name__} does not support activation checkpointing; set "
+            "trainer.activation_checkpointing = false"
+        )
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def tied_keys(model: torch.nn.Module) -> set[str]:

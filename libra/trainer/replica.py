@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from libra.trainer.config import TrainerConfig
 from libra.trainer.device import Device, parallelize, replica_mesh
-from libra.trainer.model import load_model
+from libra.trainer.model import checkpoint_layers, load_model
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -42,6 +42,8 @@ class Replica:
         self.device = device or Device.resolve(cfg)
         self.rank, self.size = rank, size
         self.model = load_model(model_dir or cfg.model)
+        if cfg.activation_checkpointing:
+            checkpoint_layers(self.model)
         if size > 1:
             parallelize(self.model, replica_mesh(self.device, size), cfg)
         self.ref_model = None

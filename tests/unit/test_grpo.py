@@ -195,6 +195,48 @@ def test_batched_logprobs_match_per_sample_unpadded(model):
             assert float(mb.rollout[i, pos - 1]) == pytest.approx(s.rollout_logprobs[j])
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 10_000])
+def test_chunked_logprobs_and_their_gradients_equal_whole_logits(model, chunk):
+    """The output head chunk by chunk (recomputed in the backward) gives the log-probs
+    and the gradients of the whole-logits forward; chunks that do not divide the
+    positions, one position, one chunk for all."""
+    cfg = GRPOConfig(temperature=0.7, micro_batch_tokens=10_000)
+    batch = samples(5, 6)
+    mb = grpo.collate(batch)
+    with torch.no_grad():
+        whole = grpo.token_logprobs(model, mb, cfg.temperature)
+        chunked = grpo.token_logprobs(model, mb, cfg.temperature, chunk_tokens=chunk)
+    assert torch.allclose(chunked, whole, atol=1e-5, rtol=0), (chunked - whole).abs().max()
+    model.zero_grad(set_to_none=False)
+    a = grpo.backward(model, batch, cfg.model_copy(update={"logprob_chunk_tokens": 0}))
+    g_whole = _grads(model)
+    model.zero_grad(set_to_none=False)
+    b = grpo.backward(model, batch, cfg.model_copy(update={"logprob_chunk_tokens": chunk}))
+    g_chunked = _grads(model)
+    assert a.tokens == b.tokens
+    assert a.metrics["loss"] == pytest.approx(b.metrics["loss"], rel=1e-5)
+    assert g_whole.norm() > 0
+    assert (g_chunked - g_whole).norm() / g_whole.norm() < 1e-5
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tmp_path):
+    """Decoder layers recomputed in the backward (`trainer.activation_checkpointing`):
+    the same loss and gradients as keeping their activations."""
+    from libra.trainer.model import checkpoint_layers, load_model
+    from tests.integration.test_elastic_helpers import micro_model
+
+    folder = micro_model(tmp_path / "m", layers=3)
+    plain, ckpt = load_model(folder), load_model(folder)
+    checkpoint_layers(ckpt)
+    assert ckpt.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    cfg = GRPOConfig(micro_batch_tokens=40)
+    batch = samples(6, 8)
+    a, b = grpo.backward(plain, batch, cfg), grpo.backward(ckpt, batch, cfg)
+    assert a.metrics["loss"] == pytest.approx(b.metrics["loss"], rel=1e-6)
+    ga, gb = _grads(plain), _grads(ckpt)
+    assert ga.norm() > 0 and (gb - ga).norm() / ga.norm() < 1e-6
+
+
 def _grads(model) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()])
 
