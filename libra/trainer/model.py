@@ -45,13 +45,17 @@ def load_model(folder: str | Path) -> torch.nn.Module:
 def checkpoint_layers(model: torch.nn.Module) -> None:
     """Recompute each decoder layer in the backward instead of keeping its activations
     (transformers' gradient checkpointing, non-reentrant: it composes with FSDP2)."""
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", False):
+    if not getattr(model, "supports_gradient_checkpointing", False):
         raise ConfigError(
             f"{type(model).__name__} does not support activation checkpointing; set "
             "trainer.activation_checkpointing = false"
         )
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x
+    if callable(enable):
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
 
 
 def tied_keys(model: torch.nn.Module) -> set[str]:

@@ -228,7 +228,10 @@ def test_activation_checkpointing_gives_the_same_gradients(tmp_path):
     folder = micro_model(tmp_path / "m", layers=3)
     plain, ckpt = load_model(folder), load_model(folder)
     checkpoint_layers(ckpt)
-    assert ckpt.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    on = [
+        any(getattr(m, "gradient_checkpointing", False) for m in x.modules()) for x in (plain, ckpt)
+    ]
+    assert on == [False, True]
     cfg = GRPOConfig(micro_batch_tokens=40)
     batch = samples(6, 8)
     a, b = grpo.backward(plain, batch, cfg), grpo.backward(ckpt, batch, cfg)
