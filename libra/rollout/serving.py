@@ -159,7 +159,7 @@ async def open_pool(
     async with contextlib.AsyncExitStack() as stack:
         if any(launch.values()):
             section = cluster or ClusterSection()
-            launcher = backend.embedded(section, EmbeddedLauncher(startup_timeout_s=120.0))
+            launcher = backend.place(section, EmbeddedLauncher(startup_timeout_s=120.0))
             launched = Launched(serving.model_dir, launch, launcher=launcher)
             started = await stack.enter_async_context(launched)
             for name, extra in started.items():

@@ -74,8 +74,8 @@ def gpu_problem(cfg: TrainConfig) -> str | None:
     """Why `fleet.vllm.gpus` cannot hold the rollout instances (None: it can, or the
     fleet needs no GPU list); `--dry-run` shows it, a run stops on it."""
     s = cfg.fleet.vllm
-    if cfg.fleet.kind != "vllm" or s.device != "cuda":
-        return None
+    if cfg.fleet.kind != "vllm" or s.device != "cuda" or cfg.cluster.backend == "ray":
+        return None  # on Ray, each server's GPUs are the ones Ray gives its actor
     need = sum(instances(cfg))
     if not s.gpus:
         example = list(range(need)) if need <= 8 else f"[0, 1, ..., {need - 1}]"
@@ -141,18 +141,15 @@ def placement(cfg: TrainConfig, ws: list[Worker]) -> Placement:
 
 def launcher(cfg: TrainConfig) -> EngineLauncher:
     """How the fleet's engines start; a vllm fleet is checked first (`check`); with
-    `cluster.backend = "ray"` this joins the Ray cluster."""
+    `cluster.backend = "ray"` this joins the Ray cluster and every engine (embedded or
+    vLLM) starts in a Ray actor on the node Ray picks."""
     f = cfg.fleet
-    if cfg.cluster.backend == "ray" and f.kind != "embedded":
-        raise ConfigError(
-            "cluster.backend = 'ray' places embedded engines only so far; vLLM servers on "
-            "Ray are not done yet (#21): set fleet.kind = 'embedded' or cluster.backend "
-            "= 'local'"
-        )
+    local: EmbeddedLauncher | VllmLauncher
     if f.kind == "embedded":
         local = EmbeddedLauncher(threads=f.engine_threads, max_num_seqs=f.engine_max_num_seqs)
-        return backend.embedded(cfg.cluster, local)
-    return VllmLauncher(f.vllm, check(cfg), max_num_seqs=f.engine_max_num_seqs)
+    else:
+        local = VllmLauncher(f.vllm, check(cfg), max_num_seqs=f.engine_max_num_seqs)
+    return backend.place(cfg.cluster, local)
 
 
 __all__ = ["check", "gpu_problem", "instances", "launcher", "placement", "python_of", "workers"]

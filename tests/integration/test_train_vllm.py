@@ -253,12 +253,17 @@ def transformers_greedy(folder: Path, prompt: list[int], n: int = 8) -> list[int
 
 
 @pytest.mark.timeout(900)
-async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "ray"])
+async def test_hybrid_switches_roles_on_a_vllm_fleet(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     """rollout -> training: the hybrid's vLLM server stops admitting, is drained, leaves
     the pool and is stopped, and the worker joins the trainer; training -> rollout: it
     leaves the trainer, a new vLLM server starts, joins a new broadcast group, receives
     the weights published while it was away and is registered in its bucket at that
-    version (greedy output = that checkpoint's)."""
+    version (greedy output = that checkpoint's). `ray`: each vLLM server starts in a Ray
+    actor on a node of the local three-node cluster (tests/conftest.py `ray_cluster`),
+    the weights broadcast to it there."""
     import asyncio
 
     from safetensors.torch import load_file
@@ -297,7 +302,17 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
     weights = BroadcastSync(sender=sender, pool=pool, kind="vllm", origin=Weights(0, str(base)),
                             ranks={"tp1": 1})  # fmt: skip
     hybrid = Worker("hybrid0", "hybrid", "rollout", "tp1")
-    fleet = Fleet([hybrid], launcher=VllmLauncher(section, python),
+    launcher: Any = VllmLauncher(section, python)
+    nodes = {"local"}
+    if backend == "ray":
+        from libra.cluster.config import ClusterSection
+        from libra.cluster.raylaunch import RayLauncher, connect
+
+        cluster = request.getfixturevalue("ray_cluster")
+        connect(ClusterSection(backend="ray", address=cluster.address))
+        launcher = RayLauncher(launcher, ClusterSection(backend="ray"))
+        nodes = {n.node_id for n in cluster.worker_nodes}
+    fleet = Fleet([hybrid], launcher=launcher,
                   placement=Placement("cpu", tuple(range(os.cpu_count() or 1))),
                   weights=weights, bucket_tp={"tp1": 1}, log_dir=tmp_path / "logs")  # fmt: skip
     try:
@@ -305,6 +320,7 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
             await asyncio.gather(trainer.start(), fleet.start())
             assert hybrid.engine is not None
             first = hybrid.engine
+            assert first.slot.node in nodes
             assert [e.url for e in pool.endpoints()] == [first.url]
             assert await greedy(first.url, prompt) == want_base
 
@@ -319,6 +335,7 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
             took = await to_rollout(fleet, trainer, hybrid, "tp1")
             assert hybrid.role == "rollout" and hybrid.engine is not None
             second = hybrid.engine
+            assert second.slot.node in nodes
             [ep] = pool.endpoints()
             assert (ep.url, ep.version, ep.bucket) == (second.url, 1, "tp1")
             assert await greedy(second.url, prompt) == want_newer
@@ -326,4 +343,8 @@ async def test_hybrid_switches_roles_on_a_vllm_fleet(tmp_path: Path) -> None:
     finally:
         await fleet.close()
         await trainer.close()
+        if backend == "ray":
+            import ray
+
+            ray.shutdown()
     assert not processes_mentioning(str(base)), "a vLLM server outlived the fleet"

@@ -45,8 +45,11 @@ def test_ray_without_ray_is_one_line_with_the_install_command(
     assert "\n" not in str(got.value)
 
 
-def test_vllm_on_ray_says_it_is_not_done(tmp_path: Path) -> None:
+def test_vllm_on_ray_needs_no_local_gpu_list(tmp_path: Path) -> None:
+    """On Ray each vLLM server's GPUs are the ones Ray gives its actor: a GPU config
+    without `fleet.vllm.gpus` is fine there (a local run is told to list them)."""
     cfg = load_config(write(tmp_path, 'backend = "ray"'))
     cfg.fleet.kind = "vllm"
-    with pytest.raises(ConfigError, match="not done yet"):
-        placement.launcher(cfg)
+    assert placement.gpu_problem(cfg) is None
+    cfg.cluster.backend = "local"
+    assert "fleet.vllm.gpus" in (placement.gpu_problem(cfg) or "")
