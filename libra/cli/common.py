@@ -68,6 +68,11 @@ def ray_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Config overrides from `--ray`."""
     if args.ray is None:
         return {}
+    if args.ray.endswith(".toml"):  # `--ray CONFIG`: argparse gave the config to --ray
+        raise ConfigError(
+            f"--ray took {args.ray!r} as the Ray cluster's address; put the config first "
+            f"(`{args.ray} --ray` or `{args.ray} --ray HOST:PORT`)"
+        )
     return {"cluster.backend": "ray", "cluster.address": args.ray}
 
 

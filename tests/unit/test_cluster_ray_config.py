@@ -53,3 +53,17 @@ def test_vllm_on_ray_needs_no_local_gpu_list(tmp_path: Path) -> None:
     assert placement.gpu_problem(cfg) is None
     cfg.cluster.backend = "local"
     assert "fleet.vllm.gpus" in (placement.gpu_problem(cfg) or "")
+
+
+@pytest.mark.parametrize("command", ["serve-rollout", "rollout"])
+def test_a_config_after_ray_is_named_not_taken_for_an_address(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--ray` takes an optional address, so `--ray run.toml` would swallow the config:
+    one line says so and how to write it, before anything starts."""
+    from libra.cli import main
+
+    assert main([command, "--ray", "service.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("libra: error: --ray took 'service.toml' as the Ray cluster's address")
+    assert "service.toml --ray" in err and "\n" not in err
