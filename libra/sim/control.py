@@ -53,17 +53,18 @@ class Fixed:
 
     def initial_layout(self) -> Layout:
         env, g = self.sim.env, self.sim.env.cfg.gpus
-        stats = env.initial
+        stats, tp = env.initial, self.spec.rollout_tp
         if self.spec.split == "colocated":
-            return env.fixed(stats, g, g, env.colocated_settings)
+            return env.fixed(stats, g, g, env.colocated_settings, tp)
         if self.spec.split in ("even", "greedy"):
-            return env.fixed(stats, g // 2, g - g // 2, env.settings)
+            return env.fixed(stats, g // 2, g - g // 2, env.settings, tp)
         if self.spec.split in ("searched", "colocated-searched", "ceiling"):
             from libra.sim import search  # it simulates, so it imports the simulation
 
             if self.spec.split == "ceiling":
                 return search.ceiling(env).best
-            return search.best_static(env, colocated=self.spec.split != "searched").best
+            colocated = self.spec.split != "searched"
+            return search.best_static(env, colocated=colocated, tp=tp).best
         return env.planned(stats, hetero=self.spec.hetero, step=0)
 
     def on_step_end(self, step: int) -> None:

@@ -128,11 +128,22 @@ class Env:
         return min(times, key=lambda t: (times[t], t))
 
     def fixed(
-        self, stats: WorkloadStats, train_gpus: int, rollout_gpus: int, settings: PlannerSettings
+        self,
+        stats: WorkloadStats,
+        train_gpus: int,
+        rollout_gpus: int,
+        settings: PlannerSettings,
+        tp: int | None = None,
     ) -> Layout:
         """The best training configuration on `train_gpus`, and `rollout_gpus` as
-        instances of the one TP size that rolls `stats` out fastest."""
-        tp = self.uniform(stats, rollout_gpus, settings)
+        instances of the one TP size that rolls `stats` out fastest (or of `tp`)."""
+        if tp is None:
+            tp = self.uniform(stats, rollout_gpus, settings)
+        elif tp not in self.tps(settings) or rollout_gpus < tp:
+            raise ConfigError(
+                f"rollout at TP {tp} does not fit {self.model.id} on {rollout_gpus} x "
+                f"{self.hw.id} (usable TP sizes: {self.tps(settings)})"
+            )
         return Layout(
             self.best_train(stats, train_gpus), {tp: rollout_gpus // tp}, {tp: self.max_context}
         )

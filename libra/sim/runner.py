@@ -194,13 +194,13 @@ def simulate(
 
 def _search(env: Env, systems: Sequence[SystemSpec]) -> dict[str, Any]:
     """The static layouts the systems of `systems` take from pilot runs, found once."""
-    splits = {s.split for s in systems}
-    if "searched" in splits or "ceiling" in splits:
-        search.best_static(env, colocated=False)
-    if "colocated-searched" in splits or "ceiling" in splits:
-        search.best_static(env, colocated=True)
-    if "ceiling" in splits:
-        search.ceiling(env)
+    for s in systems:  # the `@tpN` variants search among their TP size only
+        if s.split in ("searched", "colocated-searched"):
+            search.best_static(env, colocated=s.split != "searched", tp=s.rollout_tp)
+        if s.split == "ceiling":
+            search.best_static(env, colocated=False)
+            search.best_static(env, colocated=True)
+            search.ceiling(env)
     return {kind: found.describe() for kind, found in env.searched.items()}
 
 

@@ -75,8 +75,9 @@ def split_unit(gpus: int, node: int) -> int:
     return unit
 
 
-def disaggregated_candidates(env: Env) -> list[Layout]:
-    """Every static disaggregated layout AReaL-Static-Optimal chooses among."""
+def disaggregated_candidates(env: Env, tp: int | None = None) -> list[Layout]:
+    """Every static disaggregated layout AReaL-Static-Optimal chooses among (`tp`: only
+    rollout instances of that size)."""
     g, stats = env.cfg.gpus, env.initial
     unit = split_unit(g, env.hw.devices_per_node)
     out = []
@@ -85,21 +86,21 @@ def disaggregated_candidates(env: Env) -> list[Layout]:
             train = env.best_train(stats, g - rollout)
         except ConfigError:  # training does not fit on so few GPUs
             continue
-        for tp in env.tps(env.settings):
-            if rollout % tp == 0:
-                out.append(Layout(train, {tp: rollout // tp}, {tp: env.max_context}))
+        for t in env.tps(env.settings):
+            if rollout % t == 0 and tp in (None, t):
+                out.append(Layout(train, {t: rollout // t}, {t: env.max_context}))
     return out
 
 
-def colocated_candidates(env: Env) -> list[Layout]:
+def colocated_candidates(env: Env, tp: int | None = None) -> list[Layout]:
     """Every static colocated layout best-static-colocated chooses among: all GPUs train,
-    then all roll out on instances of one TP size."""
+    then all roll out on instances of one TP size (`tp`: that one)."""
     g = env.cfg.gpus
     train = env.best_train(env.initial, g)
     return [
-        Layout(train, {tp: g // tp}, {tp: env.max_context}, shared=True)
-        for tp in env.tps(env.colocated_settings)
-        if g >= tp
+        Layout(train, {t: g // t}, {t: env.max_context}, shared=True)
+        for t in env.tps(env.colocated_settings)
+        if g >= t and tp in (None, t)
     ]
 
 
@@ -163,12 +164,13 @@ def _fastest(env: Env, kind: str, candidates: list[Layout], *, oracle: bool = Fa
     return Search(kind, best, best_s, len(candidates), pilot_steps(env))
 
 
-def best_static(env: Env, *, colocated: bool) -> Search:
-    """The fastest static layout of its kind by pilot (memoised on `env`)."""
-    kind = "colocated" if colocated else "disaggregated"
+def best_static(env: Env, *, colocated: bool, tp: int | None = None) -> Search:
+    """The fastest static layout of its kind by pilot (memoised on `env`); `tp`: among
+    those whose rollout instances all have that TP size."""
+    kind = ("colocated" if colocated else "disaggregated") + (f"@tp{tp}" if tp else "")
     if kind not in env.searched:
-        cands = colocated_candidates(env) if colocated else disaggregated_candidates(env)
-        env.searched[kind] = _fastest(env, kind, cands)
+        make = colocated_candidates if colocated else disaggregated_candidates
+        env.searched[kind] = _fastest(env, kind, make(env, tp))
     found: Search = env.searched[kind]
     return found
 

@@ -7,7 +7,7 @@ verl-Colocated, which is synchronous) the same asynchronous pipeline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from libra.errors import ConfigError
@@ -35,6 +35,9 @@ class SystemSpec:
     elastic: bool = False
     """Elastic hybrid pool: idle rollout instances join training as data-parallel
     replicas, and data-parallel changes need no restart."""
+    rollout_tp: int | None = None
+    """Every rollout instance at this TP size (the `@tpN` variants: a baseline as the
+    paper's reference code ran it) instead of the size the cost model finds fastest."""
 
     @property
     def sync(self) -> bool:
@@ -120,12 +123,34 @@ SYSTEMS: dict[str, SystemSpec] = {
     )
 }
 
+PAPER_TP = 2
+"""The rollout TP size of the paper's matched control (docs/baselines.md, "As the paper
+ran them")."""
+
+
+def _as_paper_ran(spec: SystemSpec) -> SystemSpec:
+    return replace(
+        spec,
+        name=f"{spec.name}@tp{PAPER_TP}",
+        summary=f"{spec.summary}; rollout on TP-{PAPER_TP} instances, as the paper ran it",
+        rollout_tp=PAPER_TP,
+    )
+
+
+SYSTEMS.update(
+    (v.name, v)
+    for v in map(_as_paper_ran, (SYSTEMS[n] for n in ("verl-colocated", "verl-static-uniform",
+                                                     "verl-greedy-heuristic",
+                                                     "areal-static-optimal")))
+)  # fmt: skip
+
 BASELINES = ("verl-colocated", "verl-static-uniform", "verl-greedy-heuristic",
              "areal-static-optimal", "best-static-colocated")  # fmt: skip
 """The systems Libra is measured against (the best of them per run is the bar)."""
 
 GROUPS = {
-    "all": [n for n in SYSTEMS if n != "libra-oracle-routing"],
+    "all": [n for n in SYSTEMS if n != "libra-oracle-routing" and "@" not in n],
+    "paper-tp": [*(n for n in SYSTEMS if n.endswith(f"@tp{PAPER_TP}")), "libra"],
     "baselines": [*BASELINES, "libra"],
     "ladder": ["verl-static-uniform", "libra-homogeneous", "libra-hetero-tp", "libra-cmlfq",
                "libra"],
@@ -151,4 +176,4 @@ def resolve(names: str) -> list[SystemSpec]:
     return [SYSTEMS[n] for n in dict.fromkeys(out)]
 
 
-__all__ = ["BASELINES", "GROUPS", "SYSTEMS", "SystemSpec", "resolve"]
+__all__ = ["BASELINES", "GROUPS", "PAPER_TP", "SYSTEMS", "SystemSpec", "resolve"]

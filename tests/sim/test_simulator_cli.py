@@ -64,3 +64,22 @@ def test_json_table_and_plots(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "libra /" in table and "libra-hetero-tp" in table and "simulated in" in table
     assert "libra / : Libra's throughput divided by the row's" in table
+
+
+def test_the_paper_tp_variants_roll_out_on_tp2_only(capsys):
+    """`--systems paper-tp`: each baseline as the paper's reference code ran it, every
+    rollout instance TP-2 from the first layout to the last (the tuned baselines pick
+    the fastest TP size, and `all` leaves the variants out)."""
+    from libra.sim.systems import GROUPS
+
+    assert not [n for n in GROUPS["all"] if "@" in n]
+    assert main(["simulate", *SMALL, "--systems", "paper-tp", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    names = [r["system"] for r in doc["systems"]]
+    assert names == ["verl-colocated@tp2", "verl-static-uniform@tp2",
+                     "verl-greedy-heuristic@tp2", "areal-static-optimal@tp2", "libra"]  # fmt: skip
+    for r in doc["systems"][:-1]:
+        assert r["throughput"] > 0
+        for when in ("initial", "final"):
+            assert set(r["layout"][when]["rollout"]) == {"tp2"}, (r["system"], r["layout"])
+    assert set(doc["static_search"]) == {"disaggregated@tp2"}
