@@ -53,9 +53,13 @@ def _job(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
     fields, systems = job
     c0 = time.process_time()
     out = simulate(SimConfig(**fields), resolve(systems))
+    libra = next((r for r in out["systems"] if r["system"] == "libra"), None)
+    fm = libra.get("forward_model") if libra else None
     return {
         **fields,
         "throughput": {r["system"]: r["throughput"] for r in out["systems"]},
+        # Libra's predictions, each made before its layout ran, against the simulation
+        "libra_forecast_errors": [x["rel_error"] for x in fm["scores"]] if fm else [],
         "cpu_s": time.process_time() - c0,
     }
 
@@ -77,6 +81,9 @@ def cell_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "throughput": {n: _spread([r["throughput"][n] for r in runs], 1) for n in names},
     }
+    errors = [e for r in runs for e in r.get("libra_forecast_errors", [])]
+    if errors:
+        out["libra_forecast"] = {"scored": len(errors), "median_rel_error": _median(errors)}
     if "libra" not in names or not bases:
         return out
     best = [max(r["throughput"][n] for n in bases) for r in runs]
@@ -97,11 +104,19 @@ def cell_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def grid_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """The worst cell, geometric means, the mean captured headroom."""
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 4)
+
+
+def grid_summary(
+    cells: list[dict[str, Any]], runs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The worst cell, geometric means, the mean captured headroom; with `runs`, the
+    median error of Libra's predictions over the whole grid."""
     rated = [c for c in cells if "libra_over_best_baseline" in c]
     if not rated:
         return {}
+    errors = [e for r in runs or [] for e in r.get("libra_forecast_errors", [])]
     worst = min(rated, key=lambda c: c["libra_over_best_baseline"]["mean"])
 
     def geo(key: str) -> float | None:
@@ -128,6 +143,10 @@ def grid_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
         "cells_without_headroom": sum(
             1 for c in rated if "captured" in c and c["captured"] is None
         ),
+        # every layout Libra chose, scored on its first step run wholly in it against
+        # the prediction made before it ran (`libra.sim.metrics.forward_model`)
+        "libra_forecasts_scored": len(errors),
+        "libra_forecast_median_rel_error": _median(errors) if errors else None,
     }
 
 
@@ -189,7 +208,7 @@ def run_grid(
         "hardware": hardware,
         "systems": [s.name for s in resolve(systems)],
         "cells": out,
-        "summary": grid_summary(out),
+        "summary": grid_summary(out, done),
         "timing": {
             "cpu_s": round(
                 time.process_time() - c0 + child.children_user + child.children_system, 1
@@ -239,6 +258,11 @@ def render(doc: dict[str, Any]) -> str:
             f"ceiling / best baseline {s['geomean_ceiling_over_best_baseline']}; captured "
             f"headroom: pooled {s['pooled_captured']}, mean over cells {s['mean_captured']} "
             f"({s['cells_without_headroom']} cells without any)"
+        )
+        lines.append(
+            f"  Libra's forward model: median |predicted - simulated| / simulated iteration "
+            f"{s['libra_forecast_median_rel_error']} over {s['libra_forecasts_scored']} "
+            "layouts it chose (each predicted before it ran)"
         )
     t = doc["timing"]
     lines.append(f"  {t['cpu_s']:.0f} s CPU, {t['wall_s']:.0f} s wall ({t['jobs']} jobs)")

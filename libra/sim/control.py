@@ -129,6 +129,13 @@ class Replanner(Fixed):
         """The layout the last applied change left (moving back to it is a revert)."""
         self.unchecked = False
         """The last change has not yet been judged on a step it ran wholly."""
+        self.forecast: tuple[Hashable, Scale] | None = None
+        """The layout just chosen and the factors its prediction used, kept until it has
+        run a step wholly: then that prediction is scored (`scores`)."""
+        self.scores: list[dict[str, Any]] = []
+        """The forward model against the simulation, one entry per chosen layout: its
+        prediction (made before it ran: the model times the factors known then), re-timed
+        on the batch of its first settled step, and that step's measured iteration."""
 
     @staticmethod
     def key(layout: Layout) -> Hashable:
@@ -164,7 +171,9 @@ class Replanner(Fixed):
         def run_s(layout: Layout) -> float:
             return layout.plan.run_s(steps) if layout.plan is not None else math.inf
 
-        return min(options, key=run_s)
+        best = min(options, key=run_s)
+        self.forecast = (self.key(best), (1.0, 1.0))
+        return best
 
     def on_step_end(self, step: int) -> None:
         sim, env = self.sim, self.sim.env
@@ -184,6 +193,9 @@ class Replanner(Fixed):
         settled = sim.released[step] >= self.settled_at and sim.t_start[step] >= self.settled_at
         if settled:
             k = self.key(sim.layout)
+            if self.forecast is not None and self.forecast[0] == k:
+                self._score(step, ran, self.forecast[1], signals)
+            self.forecast = None
             self.calib.add(k, step_scale)
             self.layouts[k] = sim.layout
             self.latest[len(sim.layout.mix) > 1] = k
@@ -222,6 +234,7 @@ class Replanner(Fixed):
         if d.apply:
             self.previous = sim.layout
             self.unchecked = True
+            self.forecast = (self.key(best), self.factors(best, step_scale))
             sim.apply(best)
             self.settled_at = max(sim.loop.now + self.start_s(best), sim.trainer.stall_until)
 
@@ -230,22 +243,37 @@ class Replanner(Fixed):
         env = self.sim.env
         return evaluate_plan(layout.plan, env.model, env.hw, stats, env.settings)
 
-    def timed(self, layout: Layout, modelled: Any, step_scale: Scale) -> Timed:
-        """`modelled` (the layout's plan on the fresh batch) times the factors its layout
-        measured, or borrowed ones (see the module docstring)."""
+    def _score(self, step: int, ran: Any, factors: Scale, signals: Signals) -> None:
+        """Score the prediction that chose the layout of `step` (see `scores`)."""
+        predicted = Timed.of(ran, factors)
+        measured = Timed(signals.train_s, signals.rollout_s, ran.sync_s, ran.sync).t_iter
+        self.scores.append({
+            "step": step,
+            "predicted_t_iter_s": round(predicted.t_iter, 1),
+            "measured_t_iter_s": round(measured, 1),
+            "rel_error": round(abs(predicted.t_iter - measured) / max(measured, 1e-9), 4),
+        })  # fmt: skip
+
+    def factors(self, layout: Layout, step_scale: Scale) -> Scale:
+        """The (train, rollout) factors, measured / modelled, that `layout`'s prediction
+        uses now: its own, or borrowed ones (see the module docstring)."""
         own = self.calib.own(self.key(layout))
-        if own is None:
-            last = self.calib.own(self.calib.last) if self.calib.last else None
-            train = last[0] if last else step_scale[0]
-            several = len(layout.mix) > 1
-            kin = self.latest.get(several)
-            like = self.calib.own(kin) if kin is not None else None
-            # No layout with as many buckets ran: a single bucket has no routing to
-            # miss (the model's 1.0); several share the model's error the single-bucket
-            # layout measured (queueing, tails) and add routing's to it.
-            alone = last[1] if several and last else 1.0
-            own = (train, like[1] if like else alone)
-        return Timed.of(modelled, own)
+        if own is not None:
+            return own
+        last = self.calib.own(self.calib.last) if self.calib.last else None
+        train = last[0] if last else step_scale[0]
+        several = len(layout.mix) > 1
+        kin = self.latest.get(several)
+        like = self.calib.own(kin) if kin is not None else None
+        # No layout with as many buckets ran: a single bucket has no routing to miss
+        # (the model's 1.0); several share the model's error the single-bucket layout
+        # measured (queueing, tails) and add routing's to it.
+        alone = last[1] if several and last else 1.0
+        return train, like[1] if like else alone
+
+    def timed(self, layout: Layout, modelled: Any, step_scale: Scale) -> Timed:
+        """`modelled` (the layout's plan on the fresh batch) times `factors`."""
+        return Timed.of(modelled, self.factors(layout, step_scale))
 
     def start_s(self, layout: Layout) -> float:
         """How long the instances `layout` adds take to start."""

@@ -9,6 +9,25 @@ if TYPE_CHECKING:
     from libra.sim.cluster import Simulation
 
 
+def forward_model(sim: Simulation) -> dict[str, Any] | None:
+    """How the replanner's predictions did (None for a system that does not replan):
+    every layout it chose, scored on its first step run wholly in it against the
+    prediction made before it ran (`Replanner.scores`); the median relative error."""
+    scores = getattr(sim.controller, "scores", None)
+    if scores is None:
+        return None
+    errors = sorted(s["rel_error"] for s in scores)
+    median = None
+    if errors:
+        mid = len(errors) // 2
+        median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+    return {
+        "scored": len(scores),
+        "median_rel_error": None if median is None else round(median, 4),
+        "scores": scores,
+    }
+
+
 def summarize(sim: Simulation, cpu_s: float, wall_s: float) -> dict[str, Any]:
     """The result of one system's run, as plain data (the `--json` document's entry)."""
     env, steps = sim.env, sim.steps
@@ -62,6 +81,7 @@ def summarize(sim: Simulation, cpu_s: float, wall_s: float) -> dict[str, Any]:
         },
         "layout": {"initial": sim.initial_layout.describe(), "final": sim.layout.describe()},
         "replans": {"decisions": len(sim.decisions), "applied": len(applied)},
+        "forward_model": forward_model(sim),
         "trainer_restarts": sim.trainer.restarts,
         "hybrid": {
             "loans": sim.pool.lent if sim.pool is not None else 0,

@@ -28,3 +28,9 @@ def test_sim_grid_on_a_tiny_grid_returns_every_figure():
     )  # fmt: skip
     assert s["geomean_ceiling_over_best_baseline"] is not None
     assert doc["steps"] == 3 and doc["seeds"] == 2
+    # Libra's forward model, scored on every layout it chose (at least its first, on
+    # both seeds) against what the simulation then measured
+    f = cell["libra_forecast"]
+    assert f["scored"] >= 2 and 0 <= f["median_rel_error"] < 1
+    assert s["libra_forecasts_scored"] == f["scored"]
+    assert s["libra_forecast_median_rel_error"] == f["median_rel_error"]

@@ -83,3 +83,20 @@ def test_the_paper_tp_variants_roll_out_on_tp2_only(capsys):
         for when in ("initial", "final"):
             assert set(r["layout"][when]["rollout"]) == {"tp2"}, (r["system"], r["layout"])
     assert set(doc["static_search"]) == {"disaggregated@tp2"}
+
+
+def test_libra_scores_its_forward_model_on_the_layouts_it_chose(capsys):
+    """Each layout Libra chooses is scored once, on its first step run wholly in it,
+    against the prediction made before it ran; systems that never replan have none."""
+    assert main(["simulate", *SMALL, "--systems", "libra,verl-colocated", "--json"]) == 0
+    libra, colocated = json.loads(capsys.readouterr().out)["systems"]
+    assert colocated["forward_model"] is None
+    f = libra["forward_model"]
+    assert f["scored"] == len(f["scores"]) >= 1
+    applied = sum(1 for d in libra["decisions"] if d.get("apply"))
+    assert f["scored"] <= 1 + applied  # the first layout and each change, at most once
+    steps = [x["step"] for x in f["scores"]]
+    assert steps == sorted(set(steps))
+    for x in f["scores"]:
+        err = abs(x["predicted_t_iter_s"] - x["measured_t_iter_s"]) / x["measured_t_iter_s"]
+        assert x["rel_error"] == pytest.approx(err, abs=2e-3)
