@@ -114,9 +114,20 @@ def grid_summary(
     """The worst cell, geometric means, the mean captured headroom; with `runs`, the
     median error of Libra's predictions over the whole grid."""
     rated = [c for c in cells if "libra_over_best_baseline" in c]
-    if not rated:
-        return {}
     errors = [e for r in runs or [] for e in r.get("libra_forecast_errors", [])]
+    # every layout Libra chose, scored on its first step run wholly in it against the
+    # prediction made before it ran (`libra.sim.metrics.forward_model`); a prediction the
+    # model could not make (infinite) counts as larger than any other
+    forecast = {
+        "libra_forecasts_scored": len(errors),
+        "libra_forecast_median_rel_error": _median(errors) if errors else None,
+        "libra_forecasts_within_10pct": round(sum(e <= 0.1 for e in errors) / len(errors), 3)
+        if errors
+        else None,
+        "libra_forecasts_infinite": sum(1 for e in errors if math.isinf(e)),
+    }
+    if not rated:
+        return forecast if errors else {}
     worst = min(rated, key=lambda c: c["libra_over_best_baseline"]["mean"])
 
     def geo(key: str) -> float | None:
@@ -143,10 +154,7 @@ def grid_summary(
         "cells_without_headroom": sum(
             1 for c in rated if "captured" in c and c["captured"] is None
         ),
-        # every layout Libra chose, scored on its first step run wholly in it against
-        # the prediction made before it ran (`libra.sim.metrics.forward_model`)
-        "libra_forecasts_scored": len(errors),
-        "libra_forecast_median_rel_error": _median(errors) if errors else None,
+        **forecast,
     }
 
 
@@ -246,7 +254,7 @@ def render(doc: dict[str, Any]) -> str:
             + (f"{cap:>8.0%}" if cap is not None else f"{'-':>8}")
         )
     s = doc["summary"]
-    if s:
+    if "worst_cell" in s:
         w = s["worst_cell"]
         lines.append(
             f"  worst cell: {w['workload']} {w['gpus']} GPUs {w['prompts']} prompts, libra / "
@@ -259,10 +267,14 @@ def render(doc: dict[str, Any]) -> str:
             f"headroom: pooled {s['pooled_captured']}, mean over cells {s['mean_captured']} "
             f"({s['cells_without_headroom']} cells without any)"
         )
+
+    if s.get("libra_forecasts_scored"):
         lines.append(
             f"  Libra's forward model: median |predicted - simulated| / simulated iteration "
             f"{s['libra_forecast_median_rel_error']} over {s['libra_forecasts_scored']} "
-            "layouts it chose (each predicted before it ran)"
+            f"layouts it chose, each predicted before it ran "
+            f"({s['libra_forecasts_within_10pct']:.0%} within 10%, "
+            f"{s['libra_forecasts_infinite']} infinite)"
         )
     t = doc["timing"]
     lines.append(f"  {t['cpu_s']:.0f} s CPU, {t['wall_s']:.0f} s wall ({t['jobs']} jobs)")

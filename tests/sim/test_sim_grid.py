@@ -34,3 +34,15 @@ def test_sim_grid_on_a_tiny_grid_returns_every_figure():
     assert f["scored"] >= 2 and 0 <= f["median_rel_error"] < 1
     assert s["libra_forecasts_scored"] == f["scored"]
     assert s["libra_forecast_median_rel_error"] == f["median_rel_error"]
+
+
+def test_a_grid_of_libra_alone_still_scores_its_forward_model():
+    """`--systems libra`: no baseline to rate against, but the forecasts are scored (the
+    cheap way to measure the forward model over the whole grid), and the table renders."""
+    from libra.bench.sim_grid import render
+
+    doc = run_grid(["search-r1"], [16], [1], 1, 2, systems="libra")
+    s = doc["summary"]
+    assert "worst_cell" not in s and s["libra_forecasts_scored"] >= 1
+    assert 0 <= s["libra_forecasts_within_10pct"] <= 1 and s["libra_forecasts_infinite"] >= 0
+    assert "Libra's forward model: median" in render(doc)
