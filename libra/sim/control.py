@@ -247,8 +247,11 @@ class Replanner(Fixed):
         """Score the prediction that chose the layout of `step` (see `scores`)."""
         predicted = Timed.of(ran, factors)
         measured = Timed(signals.train_s, signals.rollout_s, ran.sync_s, ran.sync).t_iter
+        layout = self.sim.layout
         self.scores.append({
             "step": step,
+            "rollout": {f"tp{t}": n for t, n in sorted(layout.mix.items())},
+            "time_shared": layout.shared,
             "predicted_t_iter_s": round(predicted.t_iter, 1),
             "measured_t_iter_s": round(measured, 1),
             "rel_error": round(abs(predicted.t_iter - measured) / max(measured, 1e-9), 4),
