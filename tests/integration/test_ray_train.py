@@ -24,7 +24,7 @@ from tests.conftest import RAY_STORE, ROOT
 CONFIG = f"""
 out = "{{out}}"
 seed = 5
-steps = 8
+steps = 10
 
 [model]
 hidden_size = 64
@@ -105,8 +105,9 @@ def parent_of(pid: int) -> int:
 def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
     tmp_path: Path, ray_cluster: Any
 ) -> None:
-    """Three CPU nodes, two engines: after the first step the node of `rollout0` is
-    killed outright (its raylet and everything Ray started there, no cleanup). Its
+    """Three CPU nodes, two engines: once the first episode is recorded (the rest of
+    the first batch in flight, the whole run ahead) the node of `rollout0` is killed
+    outright (its raylet and everything Ray started there, no cleanup). Its
     episodes re-route to the other engine, the engine is replaced on the spare node,
     every step trains, every episode is recorded once, and nothing of the killed node
     keeps running."""
@@ -126,7 +127,12 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
         try:
             while proc.poll() is None and time.monotonic() - t0 < 540:
                 seen.update(engines_of(out))
-                if not killed and (out / "metrics.jsonl").is_file() and rows(out / "metrics.jsonl"):
+                # the first episode recorded: both engines serve, the others are in flight
+                if (
+                    not killed
+                    and (out / "trajectories.jsonl").is_file()
+                    and rows(out / "trajectories.jsonl")
+                ):
                     killed = kill_node_of(ray_cluster, out, "rollout0")
                 time.sleep(0.5)
         finally:
@@ -136,7 +142,7 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
             if not killed:  # leave the shared cluster as it was: two CPU nodes
                 ray_cluster.remove_node(spare)
     assert code == 0, log.read_text()[-4000:]
-    assert killed, "the run ended before its first step was recorded"
+    assert killed, "the run ended before its first episode was recorded"
     assert len(seen) >= 2, seen
     print(f"libra train on Ray, a node lost: {time.monotonic() - t0:.1f} s")
 
@@ -148,13 +154,13 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
 
     # every step trained and recorded a reward, as in a run on one machine
     metrics = rows(out / "metrics.jsonl")
-    assert [r["step"] for r in metrics] == list(range(1, 9))
+    assert [r["step"] for r in metrics] == list(range(1, 11))
     assert all(isinstance(r["reward"], float) for r in metrics)
 
     # every episode once: the lost engine's turns re-routed, none recorded twice (the
     # run samples more groups than it trains on: groups of equal rewards are dropped)
     records = rows(out / "trajectories.jsonl")
-    assert len(records) >= 8 * 2 * 4  # steps x groups x group size
+    assert len(records) >= 10 * 2 * 4  # steps x groups x group size
     assert len({r["id"] for r in records}) == len(records)
 
     # events.jsonl names each worker's node: the engines on two of the nodes with a CPU
