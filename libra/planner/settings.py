@@ -52,6 +52,10 @@ class TrainSettings(Config):
     NCCL buffers)."""
     overlap_grad_reduce: bool = False
     """Whether the data-parallel gradient reduction hides behind the backward pass."""
+    logprob_chunk_tokens: int | None = Field(None, ge=1)
+    """Positions whose float32 logits over the vocabulary exist at once in a pass (Libra's
+    trainer computes log-probs in chunks: `grpo.logprob_chunk_tokens`). None: the whole
+    micro-batch's logits, as a trainer without a chunked or fused loss holds them."""
 
 
 class PlannerSettings(Config):

@@ -187,7 +187,8 @@ def train_memory(
         act = min(cfg.pp, n_mb) * mb_tok * layers * 2 * model.hidden / cfg.tp + mb_tok * full
     else:
         act = min(cfg.pp, n_mb) * mb_tok * layers * full
-    logits = mb_tok * model.vocab * 4 / cfg.tp
+    chunk = s.logprob_chunk_tokens
+    logits = (min(mb_tok, chunk) if chunk else mb_tok) * model.vocab * 4 / cfg.tp
     return states + act + logits
 
 

@@ -151,6 +151,10 @@ class TrainerSection(Config):
 
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of forward/backward."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in the backward (`libra.trainer.TrainerConfig`):
+    activations shrink to one hidden state per layer and token, for about one more
+    forward of compute; the planner times training with it."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     elastic: ElasticConfig = Field(default_factory=ElasticConfig)

@@ -7,7 +7,8 @@ assignment is a `Plan` of the global planner's cost model (`libra.planner`), tim
 workload just measured:
 
 - training: `evaluate_train` of data parallelism `core_train + k` (one device per replica,
-  the trainer's micro-batch; `zero=0`: every replica holds the whole state);
+  the trainer's micro-batch, its log-prob chunk and activation checkpointing; `zero=0`:
+  every replica holds the whole state);
 - rollout: `evaluate_rollout` of the core instances plus `H - k` hybrid instances (at
   the first bucket's TP size), lengths assigned to them by the planner's dynamic program;
 - asynchronous RL: t_iter = max(t_rollout, t_train).
@@ -85,6 +86,9 @@ class FleetShape:
     more than one TP size); empty: every core instance runs at `tp`."""
     layout: tuple[int, ...] = ()
     """Core instances per bucket at the start (with `buckets`)."""
+    recompute: bool = False
+    """The trainer recomputes each decoder layer in the backward
+    (`trainer.activation_checkpointing`)."""
 
     @property
     def core_devices(self) -> int:
@@ -161,7 +165,8 @@ def time_assignment(
 ) -> Plan:
     """Assignment `a` as a `Plan` of the cost model, timed on one step's work."""
     mbt = max(shape.micro_batch_tokens, work.train.max_total)
-    cfg = TrainConfig(tp=1, pp=1, dp=shape.core_train + a.train, micro_batch_tokens=mbt)
+    cfg = TrainConfig(tp=1, pp=1, dp=shape.core_train + a.train, micro_batch_tokens=mbt,
+                      recompute=shape.recompute)  # fmt: skip
     train = evaluate_train(model, hw, work.train, cfg, settings)
     rollout = evaluate_rollout(model, hw, work.rollout, shape.mix(a), settings)
     return Plan(

@@ -154,6 +154,7 @@ def planner_settings(cfg: TrainConfig) -> PlannerSettings:
     # the fleet's instances: embedded engines are TP 1, vLLM ones at their buckets' TP;
     # whole replicas per device (the trainer has no pipeline stages)
     tps = [1] if cfg.fleet.kind == "embedded" else sorted({b.tp for b in cfg.fleet.buckets})
+    chunk = cfg.trainer.grpo.logprob_chunk_tokens or None
     return s.model_copy(
         update={
             "rollout": RolloutSettings(
@@ -163,7 +164,8 @@ def planner_settings(cfg: TrainConfig) -> PlannerSettings:
                     "max_num_seqs": cfg.fleet.engine_max_num_seqs,
                 }
             ),
-            "train": s.train.model_copy(update={"max_pp": 1}),
+            # what the trainer runs: log-probs in chunks (or whole, at 0)
+            "train": s.train.model_copy(update={"max_pp": 1, "logprob_chunk_tokens": chunk}),
         }
     )
 
@@ -182,6 +184,7 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
         f.hybrids,
         tp=f.buckets[0].tp if f.kind == "vllm" else 1,
         micro_batch_tokens=cfg.trainer.grpo.micro_batch_tokens,
+        recompute=cfg.trainer.activation_checkpointing,
         buckets=tuple((b.name, b.tp) for b in f.buckets) if relayout else (),
         layout=tuple(start) if relayout else (),
     )
@@ -213,6 +216,7 @@ def trainer_config(cfg: TrainConfig, model_dir: Path) -> Any:
         model=str(model_dir),
         dtype=t.dtype,
         seed=cfg.seed,
+        activation_checkpointing=t.activation_checkpointing,
         grpo=grpo,
         optim=t.optim,
         elastic=t.elastic,

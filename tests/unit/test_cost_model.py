@@ -181,6 +181,23 @@ def test_zero_stages_shard_memory_in_order():
     assert mems[0] - mems[1] == pytest.approx(12 * per_gpu_params * 7 / 8, rel=1e-6)
 
 
+def test_chunked_logprobs_hold_one_chunk_of_logits():
+    """A trainer that computes log-probs in chunks (Libra's, `logprob_chunk_tokens`)
+    holds one chunk's float32 logits instead of the micro-batch's; a chunk as large as
+    the micro-batch changes nothing."""
+    from libra.planner.settings import TrainSettings
+    from libra.planner.train_cost import micro_batches
+
+    m = load_model("qwen3-14b")
+    c = cfg(zero=1)
+    _, mb_tok = micro_batches(c, WL, TrainSettings())
+    whole = train_memory(m, A800, c, WL)
+    chunked = train_memory(m, A800, c, WL, TrainSettings(logprob_chunk_tokens=1024))
+    assert whole - chunked == pytest.approx((mb_tok - 1024) * m.vocab * 4 / c.tp)
+    same = TrainSettings(logprob_chunk_tokens=c.micro_batch_tokens * 4)
+    assert train_memory(m, A800, c, WL, same) == whole
+
+
 def test_out_of_memory_configurations_do_not_fit():
     m = load_model("qwen3-32b")
     cost = train_step_time(m, A800, cfg(tp=1, dp=1), WL)

@@ -139,3 +139,26 @@ def test_measurements_survive_a_resume(tiny_model: Path) -> None:
     assert again.previous == r.previous == Assignment(0, 1)
     assert again.measured.own(Assignment(0, 1)) == r.measured.own(Assignment(0, 1))
     assert again.measured.last == Assignment(0, 1)
+
+
+def test_the_planner_times_the_training_that_runs(tiny_model: Path) -> None:
+    """libra train's planner sees the trainer's log-prob chunks and its activation
+    checkpointing (one more forward of the layers per pass), not a generic trainer's."""
+    from libra.train.planning import time_assignment
+
+    cfg = TrainConfig()
+    assert planner_settings(cfg).train.logprob_chunk_tokens == 1024
+    cfg.trainer.grpo.logprob_chunk_tokens = 0  # the whole logits at once
+    assert planner_settings(cfg).train.logprob_chunk_tokens is None
+
+    model, hw, settings = (
+        load_model(str(tiny_model)),
+        load_hardware("a800-80g"),
+        planner_settings(TrainConfig()),
+    )
+    a = Assignment(0, 1)
+    plain = time_assignment(a, FleetShape(1, 1, 1), model, hw, work(), settings)
+    ckpt = time_assignment(a, FleetShape(1, 1, 1, recompute=True), model, hw, work(), settings)
+    assert ckpt.train.config.recompute and not plain.train.config.recompute
+    assert ckpt.t_train > plain.t_train
+    assert ckpt.t_rollout == plain.t_rollout
