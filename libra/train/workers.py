@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from libra.cluster import process
 from libra.cluster.engines import (
     LOST,
     Engine,
@@ -191,7 +192,7 @@ class Fleet:
                     continue
                 await check_node(e)
                 code = e.process.returncode
-                if code == LOST:
+                if code == LOST and not isinstance(e.process, process.Child):  # not SIGHUP
                     await self.replace(w, f"lost: {e.process.last_error()}", on_event)
                 elif code is not None:
                     why = (f"exited with code {code} while serving; log "
