@@ -9,9 +9,11 @@ through its `on_done` callback (called on the worker thread; the server hops the
 the event loop).
 
 Weight swaps (`swap_weights`) keep vLLM's `pause(mode="wait")` semantics: requests
-already running finish on the old weights, new ones wait, the weights change while the
-batch is empty (the KV cache is dropped), then the waiting requests start on the new
-weights. So every response comes from exactly one checkpoint.
+the engine accepted before the swap (running, or still queued) finish on the old
+weights, later ones wait, the weights change while the batch is empty (the KV cache is
+dropped), then the waiting requests start on the new weights. So every response comes
+from exactly one checkpoint, the one loaded when it was submitted: a client that stamps
+a request with the version it sent it to is right.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class EngineCore:
         self._waiting: deque[Request] = deque()
         self._running: list[_Seq] = []
         self._swaps: list[tuple[dict[str, torch.Tensor], Callable[[], None]]] = []
+        self._before_swap = 0
+        """Queued requests (the first ones of `_waiting`) submitted before the pending
+        swap: they still run on the old weights."""
         self._thread = threading.Thread(target=self._loop, name="libra-engine", daemon=True)
 
     # --- thread-safe API -------------------------------------------------------
@@ -130,9 +135,9 @@ class EngineCore:
             if not self._drain(block=not busy):
                 return
             try:
-                if self._swaps and not self._running:
+                if self._swaps and not self._running and not self._before_swap:
                     self._swap()
-                if not self._swaps:
+                if not self._swaps or self._before_swap:
                     self._admit()
                 if self._running:
                     self._step()
@@ -155,10 +160,14 @@ class EngineCore:
             elif kind == "abort":
                 item.aborted = True
                 if item in self._waiting:
+                    if self._waiting.index(item) < self._before_swap:
+                        self._before_swap -= 1
                     self._waiting.remove(item)
                 for s in [s for s in self._running if s.req is item]:
                     self._remove(s)
             elif kind == "swap":
+                if not self._swaps:  # what is queued now was submitted before it
+                    self._before_swap = len(self._waiting)
                 self._swaps.append(item)
 
     def _swap(self) -> None:
@@ -169,7 +178,9 @@ class EngineCore:
         self.cache.clear()
 
     def _admit(self) -> None:
-        while self._waiting:
+        """Start queued requests while they fit; with a swap pending, only those
+        submitted before it."""
+        while self._waiting and (not self._swaps or self._before_swap):
             req = self._waiting[0]
             n = len(req.params)
             rows = len(self._running) + n
@@ -183,6 +194,8 @@ class EngineCore:
             if self._running and need > self.kv_cache_bytes:
                 return
             self._waiting.popleft()
+            if self._before_swap:
+                self._before_swap -= 1
             self._prefill(req)
 
     def _prefill(self, req: Request) -> None:
@@ -268,6 +281,7 @@ class EngineCore:
         reqs = {s.req for s in self._running} | set(self._waiting)
         self._running.clear()
         self._waiting.clear()
+        self._before_swap = 0
         self.cache.clear()
         for req in reqs:
             if not req.aborted:

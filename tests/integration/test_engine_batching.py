@@ -173,3 +173,51 @@ def test_sampler_draws_from_softmax_over_temperature_within_top_p():
         counts = Counter(sampler.sample(logits, params, [None])[0][0] for _ in range(n))
         for tok in range(4):
             assert counts[tok] / n == pytest.approx(float(p[tok]), abs=0.03), (temperature, top_p)
+
+
+def test_a_swap_lets_every_request_submitted_before_it_finish_on_the_old_weights(parts, tmp_path):
+    """vLLM's pause(mode="wait"): requests the engine accepted before a weight swap -
+    the running one and those still queued behind it - finish on the old weights; one
+    submitted after the swap runs on the new ones. (Queued requests used to start on the
+    new weights, so a turn stamped with the version it was sent to could come from the
+    next one.)"""
+    from libra.engine.model_maker import make_model
+
+    cfg, weights, chat = parts
+    newer = load_weights(make_model(tmp_path / "v1", seed=1), cfg)
+    prompt, params = [5, 6, 7, 8], greedy(24)
+    refs = []
+    for w in (weights, newer):
+        ref_core = EngineCore(Decoder(cfg, w), chat.tokenizer, frozenset(chat.eos_token_ids))
+        ref_core.start()
+        try:
+            refs.append(run_all(ref_core, [(prompt, params)])[0][0].token_ids)
+        finally:
+            ref_core.stop()
+    old, new = refs
+    assert old != new
+
+    core = make_core(parts, max_num_seqs=1)  # one runs, the others queue behind it
+    results: dict[str, list[int]] = {}
+    done = threading.Semaphore(0)
+    swapped = threading.Event()
+
+    def finish(name: str):
+        def cb(out):
+            results[name] = out[0].token_ids
+            done.release()
+
+        return cb
+
+    try:
+        for name in ("a", "b", "c"):
+            core.submit(Request(id=name, prompt=prompt, params=params, on_done=finish(name)))
+        core.swap_weights(newer, swapped.set)
+        core.submit(Request(id="d", prompt=prompt, params=params, on_done=finish("d")))
+        for _ in range(4):
+            assert done.acquire(timeout=300)
+        assert swapped.wait(timeout=60)
+    finally:
+        core.stop()
+    assert [results[n] for n in ("a", "b", "c")] == [old, old, old]
+    assert results["d"] == new
