@@ -88,14 +88,17 @@ async def _sustained(backend: Backend, k: int, hold_s: float) -> dict[str, Any]:
     created_s = time.perf_counter() - t0
     latencies: list[float] = []
     errors = 0
+    first_error = ""
 
     async def loop(sb: Any) -> None:
-        nonlocal errors
+        nonlocal errors, first_error
         end = time.perf_counter() + hold_s
         while time.perf_counter() < end:
             dt, r = await _timed(sb.exec("echo ok", timeout=30))
             latencies.append(dt)
-            errors += r.stdout != "ok\n"
+            if r.stdout != "ok\n":
+                errors += 1
+                first_error = first_error or repr(r)[:300]
 
     try:
         start = time.perf_counter()
@@ -111,6 +114,7 @@ async def _sustained(backend: Backend, k: int, hold_s: float) -> dict[str, Any]:
         "execs_per_s": round(len(latencies) / elapsed, 1),
         "exec_p90_ms": _stats(latencies)["p90_ms"],
         "errors": errors,
+        "first_error": first_error,
     }
 
 

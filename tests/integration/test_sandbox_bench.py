@@ -39,7 +39,9 @@ def test_bench_sandbox_reports_latencies_and_sustained_levels() -> None:
     for key in ("create_start", "close", "exec", "write_1mib", "read_1mib", "copy_in_100_files"):
         assert doc[key]["median_ms"] > 0 and doc[key]["p90_ms"] >= doc[key]["median_ms"]
     assert [s["sandboxes"] for s in doc["sustained"]] == [1, 3]
-    assert all(s["errors"] == 0 and s["execs_per_s"] > 0 for s in doc["sustained"])
+    assert all(s["errors"] == 0 and s["execs_per_s"] > 0 for s in doc["sustained"]), doc[
+        "sustained"
+    ]
 
 
 def test_bench_sandbox_bad_levels_is_one_line() -> None:
