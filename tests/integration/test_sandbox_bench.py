@@ -39,6 +39,8 @@ def test_bench_sandbox_reports_latencies_and_sustained_levels() -> None:
     for key in ("create_start", "close", "exec", "write_1mib", "read_1mib", "copy_in_100_files"):
         assert doc[key]["median_ms"] > 0 and doc[key]["p90_ms"] >= doc[key]["median_ms"]
     assert [s["sandboxes"] for s in doc["sustained"]] == [1, 3]
+    # errors other than forks refused at the pids limit (zombies the host's PID 1 has
+    # not reaped yet count there: docs/sandboxes.md) fail the test
     assert all(s["errors"] == 0 and s["execs_per_s"] > 0 for s in doc["sustained"]), doc[
         "sustained"
     ]
