@@ -5,7 +5,6 @@ a batch is served by both engines, and nothing of them is left once the service 
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -14,24 +13,8 @@ from typing import Any
 import pytest
 
 from libra.client import Client
+from tests.integration.procs import engine_on
 from tests.integration.service_util import Service
-
-
-def engine_on(port: int) -> int | None:
-    """The live `libra serve-engine` process listening on `port`, if any."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            args = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
-            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"serve-engine" not in args or b"--port" not in args or state == "Z":
-            continue
-        if args[args.index(b"--port") + 1] == str(port).encode():
-            return int(d)
-    return None
 
 
 @pytest.mark.timeout(400)

@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from tests.conftest import RAY_STORE, ROOT
+from tests.integration.procs import descendants, engine_on, parent_of, wait_gone
 
 CONFIG = f"""
 out = "{{out}}"
@@ -85,20 +86,6 @@ def engines_of(out: Path) -> list[int]:
         if "serve-engine" in cmd and str(out) in cmd and state != "Z":
             found.append(int(d))
     return found
-
-
-def engine_on_port(out: Path, port: int) -> int:
-    """The `libra serve-engine` process of this run listening on `port`."""
-    for pid in engines_of(out):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if str(port).encode() in cmd[cmd.index(b"--port") + 1 : cmd.index(b"--port") + 2]:
-            return pid
-    raise AssertionError(f"no engine of {out} on port {port}")
-
-
-def parent_of(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
 
 
 @pytest.mark.timeout(600)
@@ -203,45 +190,14 @@ def kill_node_of(cluster: Any, out: Path, worker: str) -> dict[str, Any]:
     node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
     served = (out / "logs" / f"engine-{worker}.log").read_text()
     port = int(re.findall(r"on http://[^:]+:(\d+)", served)[0])
-    engine = engine_on_port(out, port)
+    engine = engine_on(port)
+    assert engine is not None, f"no engine of {worker} on port {port}"
     actor = parent_of(engine)
     raylet = node.all_processes["raylet"][0].process.pid
     workers = descendants(raylet)  # Ray's worker processes there, the actor's included
     assert actor in workers and engine in workers, (actor, engine, workers)
     cluster.remove_node(node, allow_graceful=False)
     return {"node": node_id, "engine": engine, "actor": actor, "workers": workers}
-
-
-def descendants(root: int) -> list[int]:
-    """Live processes below `root` (children, theirs, ...)."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit() and not gone(int(d)):
-            try:
-                children.setdefault(parent_of(int(d)), []).append(int(d))
-            except (OSError, StopIteration):
-                continue
-    found, todo = [], [root]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-def gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
-
-
-def wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not gone(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return gone(pid)
 
 
 @pytest.mark.timeout(300)

@@ -23,6 +23,7 @@ import pytest
 from libra.errors import ConfigError
 from libra.train import load_config
 from tests.conftest import ROOT
+from tests.integration.procs import alive, descendants
 
 CONFIG = f"""
 out = "{{out}}"
@@ -79,38 +80,6 @@ checkpoint_every = 1
 
 def rows(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` (by walking /proc's parent links)."""
-    parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            parent[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        out.update(kids)
-        todo += kids
-    return out
-
-
-def alive(pids: set[int]) -> set[int]:
-    out = set()
-    for p in pids:
-        try:
-            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            out.add(p)
-    return out
 
 
 def rollout_workers(pid: int) -> list[int]:
