@@ -111,17 +111,20 @@ async def stop_engine(engine: Engine, grace_s: float) -> None:
         await engine.process.stop(grace_s)
 
 
-async def check_node(engine: Engine) -> None:
-    """A remote engine whose host has been silent for `SILENT_S` and whose own `/health`
-    does not answer either is gone with its node: `lose` it (its `returncode` reads
-    `LOST`). A local engine's exit is its `returncode` already."""
+async def check_node(engine: Engine) -> int | None:
+    """The engine's `returncode`, where a remote engine whose host has been silent for
+    `SILENT_S` and whose own `/health` does not answer either is gone with its node:
+    it is `lose`-d and reads `LOST`. A local engine's exit is its `returncode` already."""
     p = engine.process
-    if isinstance(p, process.Child) or p.returncode is not None:
-        return
+    code = p.returncode
+    if isinstance(p, process.Child) or code is not None:
+        return code
     silent = p.silent_s()
     if silent > SILENT_S and not await asyncio.to_thread(process.healthy, p.url, 2.0):
         p.lose(f"its node {engine.slot.node} does not answer: its host has not answered "
                f"for {silent:.0f} s, nor {p.url}/health")  # fmt: skip
+        return LOST
+    return None
 
 
 def kill_engine(engine: Engine) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,14 +17,10 @@ def forward_model(sim: Simulation) -> dict[str, Any] | None:
     scores = getattr(sim.controller, "scores", None)
     if scores is None:
         return None
-    errors = sorted(s["rel_error"] for s in scores)
-    median = None
-    if errors:
-        mid = len(errors) // 2
-        median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+    errors = [s["rel_error"] for s in scores]
     return {
         "scored": len(scores),
-        "median_rel_error": None if median is None else round(median, 4),
+        "median_rel_error": round(statistics.median(errors), 4) if errors else None,
         "scores": scores,
     }
 

@@ -190,8 +190,7 @@ class Fleet:
                 e = w.engine
                 if e is None or w.role != "rollout":
                     continue
-                await check_node(e)
-                code = e.process.returncode
+                code = await check_node(e)
                 if code == LOST and not isinstance(e.process, process.Child):  # not SIGHUP
                     await self.replace(w, f"lost: {e.process.last_error()}", on_event)
                 elif code is not None:

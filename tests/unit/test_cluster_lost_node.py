@@ -77,7 +77,7 @@ def engine(host: Host) -> Engine:
 
 async def test_a_silent_host_with_a_dead_engine_is_lost_with_its_node() -> None:
     host = Host(f"http://127.0.0.1:{free_port()}", silent=SILENT_S + 1)
-    await check_node(engine(host))
+    assert await check_node(engine(host)) == LOST
     assert host.returncode == LOST
     assert "node-7 does not answer" in host.last_error()
     assert f"{host.url}/health" in host.last_error()
@@ -85,11 +85,11 @@ async def test_a_silent_host_with_a_dead_engine_is_lost_with_its_node() -> None:
 
 async def test_an_engine_that_serves_is_not_lost_while_its_host_is_slow(serving: str) -> None:
     host = Host(serving, silent=SILENT_S * 10)
-    await check_node(engine(host))
+    assert await check_node(engine(host)) is None
     assert host.returncode is None
 
 
 async def test_a_host_that_answered_recently_is_not_second_guessed() -> None:
     host = Host(f"http://127.0.0.1:{free_port()}", silent=SILENT_S / 2)
-    await check_node(engine(host))
+    assert await check_node(engine(host)) is None
     assert host.returncode is None
