@@ -15,6 +15,9 @@ class SayA(libra.Env):
     """One turn, no tools; reward = fraction of the reply's characters that are "a"."""
 
     max_turns = 1
+    # Rows in verl's or TRL's layout (examples/trl_grpo.py) map their prompt's question
+    # here; the answer column is required by that mapping and unused by the reward.
+    task_fields = ("question", "answer")
 
     def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"role": "user", "content": task["question"]}]

@@ -32,9 +32,11 @@ import orjson
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
+from libra.errors import ConfigError
 from libra.proxy.agent import AgentEnv
 from libra.record import Trajectory
 from libra.rollout.episode import EpisodeSpec
+from libra.rollout.layouts import adapt_tasks
 from libra.rollout.run import episode_runner
 from libra.rollout.wire import RawRecord
 from libra.rollout.workers import BatchInfo, WorkerPool
@@ -264,17 +266,24 @@ class BatchManager:
                 "created": time.time(),
             }
             prompt = None if isinstance(env, AgentEnv) else env.prompt
-            made = await asyncio.to_thread(self._make, doc, prompt)
+            made = await asyncio.to_thread(self._make, doc, prompt, env.task_fields)
             batch = self._open(doc, "running", made)
             batch.queued_since = self.clock()
             self.fair.push(batch.id, batch.specs)
             self._work.set()
             return batch, True
 
-    def _make(self, doc: dict[str, Any], prompt: Any) -> tuple[list[EpisodeSpec], Spool]:
+    def _make(
+        self, doc: dict[str, Any], prompt: Any, fields: tuple[str, str] | None
+    ) -> tuple[list[EpisodeSpec], Spool]:
         """A submitted batch's checks, episodes, stored request and spool (blocking: a
         worker thread runs it, as `prompt` is the env's code and all of it is
-        proportional to the batch)."""
+        proportional to the batch). Rows in verl's or TRL's layout are mapped to the
+        env's `fields` first, and stored mapped."""
+        try:
+            doc["tasks"] = adapt_tasks(doc["tasks"], fields, env=doc["env"], source="submit")
+        except ConfigError as e:
+            raise RequestError(400, str(e)) from None
         check_tasks(doc["tasks"], prompt)
         specs = specs_for(doc)
         _create(self.root / doc["batch_id"], doc)

@@ -1,0 +1,7 @@
+"""Adapters that put Libra under other projects' trainers and environments.
+
+- `libra.integrations.trl`: a `rollout_func` for TRL's `GRPOTrainer`, backed by
+  `libra serve-rollout`, and the callback that publishes the trained weights to it.
+
+Each adapter imports its project only when used (an optional extra).
+"""
