@@ -7,7 +7,7 @@ PYTHON ?= python3
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev,ray,wandb,trl]'
+	$(VENV)/bin/pip install -q -e '.[dev,ray,wandb,trl,verifiers]'
 	touch $@
 
 .PHONY: setup run test lint

@@ -52,11 +52,10 @@ _NOTHING = object()
 
 
 def _httpx() -> Any:
-    """The HTTP library the installed `openai` SDK is built on (httpx2 from openai 3)."""
-    try:
-        return importlib.import_module("httpx2")
-    except ImportError:
-        return importlib.import_module("httpx")
+    """The HTTP library the installed `openai` SDK is built on (httpx2 from openai 3, httpx
+    before; both may be installed, so ask the SDK)."""
+    client = importlib.import_module("openai._base_client")
+    return getattr(client, "httpx2", None) or client.httpx
 
 
 class AgentRunner:

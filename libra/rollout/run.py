@@ -31,7 +31,12 @@ from libra.routing.base import Bucket, RoutingPolicy, StaticPolicy
 
 
 def load_env(spec: str, options: dict[str, Any]) -> Env:
-    """An env instance from a registered id or a `file.py:Class` / `pkg.mod:Class` path."""
+    """An env instance from a registered id, a `file.py:Class` / `pkg.mod:Class` path, or
+    `verifiers:TASKSET` (a verifiers environment, `libra.integrations.verifiers`)."""
+    if spec.startswith("verifiers:"):
+        from libra.integrations.verifiers import load
+
+        return load(spec, options)
     obj = registry.envs.get(spec)
     if isinstance(obj, Env):
         return obj
