@@ -1,14 +1,21 @@
-"""Prometheus text exposition (format 0.0.4) for `GET /metrics`, written by hand: a
-handful of counters and gauges do not need a client library.
+"""`GET /metrics`: Prometheus text exposition (format 0.0.4) through `prometheus-client`.
 
-Counters count what this process finished since it started; gauges are read live from
-the batch manager and the endpoint pool when scraped.
+Counters count what this service finished since it started; gauges are read live from
+the batch manager and the endpoint pool when scraped. Each scrape builds the families
+from that state (a custom collector on a registry of its own), so nothing is counted
+twice. With rollout workers (`--workers N`) every record still reaches the front process,
+which counts it: one process holds every metric, and prometheus-client's multiprocess
+mode (per-process files merged at scrape) is not needed.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from libra.record import Trajectory
 from libra.rollout.wire import RawRecord, facts_of
@@ -48,22 +55,25 @@ class Metrics:
 
 
 Samples = list[tuple[dict[str, str], float]]
+KINDS = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
 
 
-def _label(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Table:
+    """A collector yielding the families of one scrape."""
 
+    def __init__(self, table: list[tuple[str, str, str, Samples]]):
+        self.table = table
 
-def _metric(out: list[str], name: str, kind: str, help_: str, samples: Samples) -> None:
-    out.append(f"# HELP {name} {help_}")
-    out.append(f"# TYPE {name} {kind}")
-    for labels, value in samples:
-        lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-        out.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
+    def collect(self) -> Iterator[Metric]:
+        for name, kind, help_, samples in self.table:
+            labels = sorted({k for lab, _ in samples for k in lab})
+            family = KINDS[kind](name, help_, labels=labels)
+            for lab, value in samples:
+                family.add_metric([lab[k] for k in labels], float(value))
+            yield family
 
 
 def render(m: Metrics, manager: BatchManager, pool: EndpointPool) -> str:
-    out: list[str] = []
     active = manager.active()
     states = Counter(b.state for b in manager.batches.values())
     eps = pool.endpoints()
@@ -112,9 +122,9 @@ def render(m: Metrics, manager: BatchManager, pool: EndpointPool) -> str:
         ("libra_endpoint_failures_total", "counter", "Times the endpoint was marked down.",
          per_endpoint(lambda e: e.failures)),
     ]  # fmt: skip
-    for name, kind, help_, samples in table:
-        _metric(out, name, kind, help_, samples)
-    return "\n".join(out) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Table(table))
+    return generate_latest(registry).decode()
 
 
 __all__ = ["Metrics", "render"]
