@@ -9,6 +9,11 @@ bucket differs from the current one, and (`kv_aware`) only when the move pays fo
 re-prefill of the context (`libra.routing.cost.judge_move`). Finished episodes update
 the tree between steps (or online). No model inference, nothing to retrain.
 
+With `objective` set (or `rule = "distribution"`) the node speaks through its whole
+length distribution instead: the episode moves to the bucket most likely to be its
+final one given the node and its current length (`accuracy`: every such move;
+`cost`: those the KV-aware judge finds paying).
+
 When the deepest usable node is an ancestor of the episode's position (its own path is
 too rare), the node's remaining lengths were measured at an earlier point; the policy
 then uses the node's total-length distribution conditioned on exceeding the current
@@ -69,10 +74,17 @@ class CMLFQPolicy:
         if match is None:
             return base
         pred = _Prediction(match, state.prompt_tokens, exact=True)
-        target = self._bucket_for(pred.mean)
-        if target is self._bucket_for(pred.p90) and target.bound >= state.prompt_tokens:
-            return target.name
-        return base
+        mean = self._bucket_for(pred.mean)
+        agree: Bucket | None = mean if mean is self._bucket_for(pred.p90) else None
+        if self.config.decision_rule == "distribution":
+            target, _ = self._most_likely(pred, state.prompt_tokens, base)
+            if self.config.gate and target is not agree:
+                return base
+        elif agree is None:
+            return base
+        else:
+            target = agree
+        return target.name if target.bound >= state.prompt_tokens else base
 
     def on_tool_return(self, state: EpisodeState) -> str | Decision:
         cfg = self.config
@@ -86,7 +98,13 @@ class CMLFQPolicy:
             return state.bucket
         target: Bucket | None = self._bucket_for(pred.mean)
         rule = "agree"
-        if target is not self._bucket_for(pred.p90):
+        agree = target is self._bucket_for(pred.p90)
+        if cfg.decision_rule == "distribution":
+            target, p = self._most_likely(pred, ctx, state.bucket)
+            rule = f"distribution, P={p:.2f}"
+            if cfg.gate and not (agree and target is self._bucket_for(pred.mean)):
+                return state.bucket
+        elif not agree:
             target = self._deadline(state, pred) if cfg.deadline else None
             rule = "deadline"
         if target is None or target.name == state.bucket or target.bound <= ctx:
@@ -97,12 +115,37 @@ class CMLFQPolicy:
             f"{pred.p90:.0f} p90 tokens"
         )
         current = self._by_name.get(state.bucket)
-        if cfg.kv_aware and current is not None:
+        if cfg.judges_cost and current is not None:
             pays, figures = judge_move(self.cost, current, target, ctx, pred.mean - ctx)
             if not pays:
                 return state.bucket
             why = f"{why}; {figures}"
         return Decision(target.name, why)
+
+    def _probs(self, pred: _Prediction, ctx: int) -> list[float]:
+        """P(final bucket = b) for each bucket under a node's distribution given the
+        current length: P(total in (previous bound, bound]), the last bucket taking
+        everything above its predecessor; buckets the context outgrew get 0."""
+        out, below = [], 0.0
+        last = self.buckets[-1]
+        for b in self.buckets:
+            if b.bound < ctx and b is not last:
+                out.append(0.0)
+                continue
+            upto = 1.0 if b is last else pred.cdf(b.bound)
+            out.append(max(0.0, upto - below))
+            below = max(below, upto)
+        return out
+
+    def _most_likely(self, pred: _Prediction, ctx: int, current: str) -> tuple[Bucket, float]:
+        """The bucket most likely to be the episode's final one, and that probability;
+        a tie keeps `current`."""
+        probs = self._probs(pred, ctx)
+        best, best_p = self.buckets[-1], -1.0
+        for b, p in zip(self.buckets, probs, strict=True):
+            if p > best_p + 1e-12 or (abs(p - best_p) <= 1e-12 and b.name == current):
+                best, best_p = b, p
+        return best, best_p
 
     def _deadline(self, state: EpisodeState, pred: _Prediction) -> Bucket | None:
         """The most probable larger bucket, if the episode most likely outgrows its

@@ -44,6 +44,20 @@ class RoutingConfig(Config):
     larger bucket instead of waiting for an overflow (docs/cmlfq.md)."""
     kv_aware: bool = True
     """C-MLFQ moves only when the move pays for its re-prefill (see docs/cmlfq.md)."""
+    rule: Literal["paper", "distribution"] | None = None
+    """How C-MLFQ picks a bucket from a tree node. `paper`: the bucket where the node's
+    mean and P90 predictions agree (with `deadline`). `distribution`: the bucket the
+    node's whole length distribution makes most probable as the episode's final one
+    (P(final bucket | node, current length)). Default: `distribution` when `objective`
+    is set, else `paper`."""
+    objective: Literal["accuracy", "cost"] | None = None
+    """What C-MLFQ's moves serve. `accuracy`: the `distribution` rule, every move it finds
+    taken (single-shot accuracy; `kv_aware` ignored). `cost`: the `distribution` rule, a
+    move only when the KV-aware judge finds it pays for its re-prefill (`kv_aware`
+    forced). None (default): the paper's rule with `kv_aware` and `deadline` as set."""
+    gate: bool = False
+    """`distribution` rule only: also require the paper's mean/P90 agreement on the
+    target (a confidence gate: fewer, surer moves)."""
     cost_profile: str | None = None
     """`MODEL@HARDWARE` planner profiles (e.g. `qwen3-14b@a800-80g`) that price KV-aware
     moves with the planner's rollout cost model; default: the built-in TP-scaled
@@ -53,6 +67,18 @@ class RoutingConfig(Config):
     step (KV-aware moves)."""
     history: int = Field(20_000, ge=16)
     """Finished episodes the length predictor fits on (most recent)."""
+
+    @property
+    def decision_rule(self) -> Literal["paper", "distribution"]:
+        """The rule in force (`rule`, else per `objective`)."""
+        if self.rule is not None:
+            return self.rule
+        return "paper" if self.objective is None else "distribution"
+
+    @property
+    def judges_cost(self) -> bool:
+        """Whether moves go through the KV-aware cost judge."""
+        return self.kv_aware if self.objective is None else self.objective == "cost"
 
     @model_validator(mode="after")
     def _thresholds(self) -> RoutingConfig:

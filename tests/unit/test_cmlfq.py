@@ -179,3 +179,28 @@ def test_the_planners_cost_model_prices_moves_when_named():
         policy(cost_profile="qwen3-14b")
     with pytest.raises(ConfigError, match="unknown hardware"):
         policy(cost_profile="qwen3-14b@tpu-v9")
+
+
+def test_the_distribution_rule_moves_to_the_likeliest_final_bucket():
+    """After one ok search 60% of episodes end in tp8 and 40% in tp2: the paper's rule
+    waits (mean in tp4, P90 in tp8); the distribution rule moves to tp8, the bucket most
+    likely to be final; with the gate it needs the paper's agreement and waits too."""
+    accuracy = policy(objective="accuracy")
+    _mixed(accuracy)
+    moved = accuracy.on_tool_return(at_first_return("ok"))
+    assert isinstance(moved, Decision) and moved.bucket == "tp8"
+    p = float(moved.reason.split("P=")[1].split(")")[0])
+    assert 0.5 < p <= 0.6 and "re-prefill" not in moved.reason  # accuracy: no cost judge
+    for waits in (policy(objective="accuracy", gate=True), policy(kv_aware=False, deadline=False)):
+        _mixed(waits)
+        assert waits.on_tool_return(at_first_return("ok")) == "tp2"
+    cost = policy(objective="cost", kv_aware=False)  # cost: the judge, whatever kv_aware says
+    _mixed(cost)
+    judged = cost.on_tool_return(at_first_return("ok"))
+    assert isinstance(judged, Decision) and "re-prefill" in judged.reason
+    # Mostly short after an ok search: the current bucket is the likeliest; stay.
+    stays = policy(objective="accuracy")
+    longs = [record("q", [(1000, [("search", "ok", 300)])] + [(1400, [])] * 10) for _ in range(3)]
+    teach(stays, longs + [short_after_ok() for _ in range(7)])
+    assert stays.on_tool_return(at_first_return("ok")) == "tp2"
+    assert policy(objective="accuracy", rule="paper").config.decision_rule == "paper"
