@@ -51,6 +51,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         help="routing option, e.g. min_samples=8 or kv_aware=false (repeatable; "
         "see RoutingConfig in docs/cmlfq.md)",
     )
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="score against the Bayes oracle of an oracle-scored family (`libra workload "
+        "oracle-search|oracle-swe` writes its law beside the trace as TRACE.law.json): "
+        "adds the oracle's row and each policy's share of its single-shot accuracy",
+    )
     add_json_flag(p)
     return p
 
@@ -133,6 +140,14 @@ def run(args: argparse.Namespace) -> int:
     for n in names:
         policy = make_policy(n, buckets, config)
         results[n] = replay(records, policy, buckets, name=n).as_dict()
+    if args.oracle:
+        oracle = _oracle(args.trace, buckets)
+        oracle.step = min(r.step for r in records)
+        results["oracle"] = replay(records, oracle, buckets, name="oracle").as_dict()
+        best = results["oracle"]["single_shot_accuracy"] or 0.0
+        for r in results.values():
+            acc = r["single_shot_accuracy"]
+            r["share_of_oracle"] = None if acc is None or not best else acc / best
     doc = {
         "trace": str(args.trace),
         "buckets": [{"name": b.name, "tp": b.tp, "bound": b.bound} for b in buckets],
@@ -147,6 +162,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _oracle(trace: Path, buckets: list[Any]) -> Any:
+    import json
+
+    from libra.cli.workload import law_path
+    from libra.sim.workloads.oracle import OraclePolicy, law_from_dict
+
+    path = law_path(trace)
+    if not path.is_file():
+        raise ConfigError(
+            f"--oracle: no law at {str(path)!r}; it is written by `libra workload "
+            "oracle-search|oracle-swe --out TRACE` (other traces have no known law)"
+        )
+    try:
+        doc = json.loads(path.read_text())
+        return OraclePolicy(law_from_dict(doc["law"]), int(doc["seed"]), buckets)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: not a law file ({e})") from None
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -159,7 +193,8 @@ def _print(doc: dict[str, Any]) -> None:
     names = [b["name"] for b in doc["buckets"]]
     head = f"{'policy':<10} {'single-shot':>11} {'recall ' + '/'.join(names):>24} "
     head += f"{'migrated':>9} {'moves/ep':>9} {'overflow/ep':>11} {'p50 us':>7} {'p99 us':>7}"
-    print(head)
+    oracle = "oracle" in doc["results"]
+    print(head + (f" {'of oracle':>9}" if oracle else ""))
     for name, r in doc["results"].items():
         recall = "/".join(_pct(r["per_bucket"][b]["recall"]) for b in names)
         lat = r["decision_latency_us"]
@@ -167,4 +202,5 @@ def _print(doc: dict[str, Any]) -> None:
             f"{name:<10} {_pct(r['single_shot_accuracy']):>11} {recall:>24} "
             f"{_pct(r['migrated_token_ratio']):>9} {r['moves_per_episode']:>9.3f} "
             f"{r['overflow_moves_per_episode']:>11.3f} {lat['p50']:>7.1f} {lat['p99']:>7.1f}"
+            + (f" {_pct(r.get('share_of_oracle')):>9}" if oracle else "")
         )

@@ -23,13 +23,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         help="write a generated workload trace (JSONL)",
         description=(
             "Write a generated trace of one workload (search-r1, r2e-gym, dapo-math, "
-            "search-r1-causal): "
+            "search-r1-causal, or the oracle-scored families oracle-search and oracle-swe, "
+            "whose law is written beside the trace as FILE.law.json): "
             "STEPS training steps of PROMPTS prompts x GROUP samples, as trajectory "
             "records. Same arguments, same file."
         ),
     )
     p.add_argument(
-        "name", metavar="NAME", help="search-r1 | r2e-gym | dapo-math | search-r1-causal"
+        "name",
+        metavar="NAME",
+        help="search-r1 | r2e-gym | dapo-math | search-r1-causal | oracle-search | oracle-swe",
     )
     p.add_argument("--out", required=True, type=Path, help="output .jsonl (or .jsonl.gz)")
     p.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
@@ -48,6 +51,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     return p
 
 
+def law_path(trace: Path) -> Path:
+    """Where an oracle family's law is written beside its trace."""
+    return trace.with_name(trace.name + ".law.json")
+
+
 def _params(pairs: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in parse_pairs(pairs, "--param", "FIELD=VALUE, e.g. dataset_size=512"):
@@ -63,15 +71,26 @@ def _params(pairs: list[str] | None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from libra.sim import workloads
+    from libra.sim.workloads import oracle
 
     if args.steps < 1 or args.first_step < 0:
         raise ConfigError("--steps must be >= 1 and --first-step >= 0")
     params = _params(args.param)
+    law = oracle.law_of(args.name, params) if args.name in oracle.FAMILIES else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     opener: Any = gzip.open if args.out.suffix == ".gz" else open
     n = 0
     with opener(args.out, "wb") as f:
         for step in range(args.first_step, args.first_step + args.steps):
+            if law is not None:
+                docs = oracle.sample_oracle(law, args.prompts, args.group, step=step,
+                                            seed=args.seed)  # fmt: skip
+                for doc in docs:
+                    doc["seq"] = n
+                    n += 1
+                    f.write(json.dumps(doc, separators=(",", ":")).encode() + b"\n")
+                progress(f"step {step}: {len(docs)} episodes")
+                continue
             batch = workloads.sample(
                 args.name, args.prompts, args.group, step=step, seed=args.seed, params=params
             )
@@ -80,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
                 n += 1
                 f.write(rec.model_dump_json(exclude_defaults=True).encode() + b"\n")
             progress(f"step {step}: {len(batch)} episodes")
+    if law is not None:  # the law beside the trace, for `libra eval-routing --oracle`
+        sidecar = law_path(args.out)
+        sidecar.write_text(json.dumps({"law": law.to_dict(), "seed": args.seed}, indent=1))
     summary = {"workload": args.name, "out": str(args.out), "records": n, "params": params}
     if args.json:
         print_json(summary)

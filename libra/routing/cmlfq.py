@@ -28,6 +28,7 @@ tool results are appended), `on_finish(record)` for every finished episode, and
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from libra.routing.records import FinishedEpisode, ToolReturnLike, learnable, to
 from libra.routing.tree import Match, PrefixTree, StateKey
 
 _Pending = tuple[int, str, list[tuple[StateKey, int]], int, int]
+MOVED_KEPT = 1 << 16
+"""Moved episodes remembered (objective = accuracy); the oldest go first."""
 
 
 class CMLFQPolicy:
@@ -64,6 +67,8 @@ class CMLFQPolicy:
         if cfg.tree_path is not None:
             self.load(cfg.tree_path, missing_ok=True)
         self._pending: list[_Pending] = []
+        self._moved: OrderedDict[str, None] = OrderedDict()
+        """Episodes this policy moved (objective = accuracy: one move per episode)."""
 
     # --- routing -----------------------------------------------------------------
     def on_start(self, state: EpisodeState) -> str:
@@ -88,6 +93,10 @@ class CMLFQPolicy:
 
     def on_tool_return(self, state: EpisodeState) -> str | Decision:
         cfg = self.config
+        if cfg.objective == "accuracy" and state.episode_id in self._moved:
+            # Single-shot accuracy counts an episode moved at most once: a second move
+            # can only lose it, so the first is final.
+            return state.bucket
         keys = [self.key(t) for t in state.tool_returns]
         match = self.tree.lookup(state.task_id, keys, cfg.min_samples)
         if match is None:
@@ -102,6 +111,13 @@ class CMLFQPolicy:
         if cfg.decision_rule == "distribution":
             target, p = self._most_likely(pred, ctx, state.bucket)
             rule = f"distribution, P={p:.2f}"
+            if (
+                cfg.objective == "accuracy"
+                and target.name != state.bucket
+                and pred.exact
+                and not self._now_or_never(match, state, p)
+            ):
+                return state.bucket
             if cfg.gate and not (agree and target is self._bucket_for(pred.mean)):
                 return state.bucket
         elif not agree:
@@ -120,6 +136,10 @@ class CMLFQPolicy:
             if not pays:
                 return state.bucket
             why = f"{why}; {figures}"
+        if cfg.objective == "accuracy":
+            self._moved[state.episode_id] = None
+            if len(self._moved) > MOVED_KEPT:  # episodes never reported finished
+                self._moved.popitem(last=False)
         return Decision(target.name, why)
 
     def _probs(self, pred: _Prediction, ctx: int) -> list[float]:
@@ -136,6 +156,41 @@ class CMLFQPolicy:
             out.append(max(0.0, upto - below))
             below = max(below, upto)
         return out
+
+    def _now_or_never(self, match: Match, state: EpisodeState, p_move: float) -> bool:
+        """Whether moving now (right with probability `p_move`, and final: one move per
+        episode) beats waiting one more tool return (objective = accuracy). Waiting wins
+        what the episode's next return teaches: at each child of the node, the best
+        bucket's probability then, weighted by how often episodes go there; plus the
+        episodes that end in the current bucket without another return. It loses
+        everything if the next turn, at the episode's own pace so far, outgrows the
+        current bucket (an overflow demotion is never single-shot): then it is now."""
+        current = self._by_name.get(state.bucket)
+        ctx = state.tokens_so_far
+        nxt = ctx + (ctx - state.prompt_tokens) / max(1, state.turn)
+        if current is None or nxt >= current.bound:
+            return True
+        node = match.node
+        here = self._probs(_Prediction(match, ctx, exact=True), ctx)
+        kids = [c for c in node.children.values() if c.rem.count]
+        reach = sum(c.rem.count for c in kids)
+        n = max(node.rem.count, reach)
+        i = self.buckets.index(current)
+        wait = min(1.0 - reach / n, here[i])
+        edges = [b.bound - nxt for b in self.buckets[:-1]]
+        thin, floor = 0, self.config.min_samples
+        for child in kids:
+            if child.rem.count < floor:  # too few episodes there to learn anything new
+                thin += child.rem.count
+                continue
+            cdf = child.rem.summary().cdf  # P(final in bucket i) = cdf(edge i) - cdf(edge i-1)
+            best = below = 0.0
+            for edge in edges:
+                upto = cdf(edge) if edge > 0 else 0.0
+                best = max(best, upto - below)
+                below = max(below, upto)
+            wait += child.rem.count / n * max(best, 1.0 - below)
+        return p_move > wait + thin / n * max(here)
 
     def _most_likely(self, pred: _Prediction, ctx: int, current: str) -> tuple[Bucket, float]:
         """The bucket most likely to be the episode's final one, and that probability;
@@ -167,6 +222,10 @@ class CMLFQPolicy:
             below = upto
         return best
 
+    def forget_moves(self) -> None:
+        """Forget which episodes were moved (a benchmark replaying the same episodes)."""
+        self._moved.clear()
+
     def key(self, ret: ToolReturnLike) -> StateKey:
         """A tool return as the tree sees it: (tool, size class, status)."""
         n = ret.payload_tokens
@@ -185,6 +244,7 @@ class CMLFQPolicy:
 
     # --- learning ----------------------------------------------------------------
     def on_finish(self, record: FinishedEpisode) -> None:
+        self._moved.pop(getattr(record, "id", ""), None)
         if not learnable(record):
             return
         total = total_of(record)

@@ -51,10 +51,12 @@ class RoutingConfig(Config):
     (P(final bucket | node, current length)). Default: `distribution` when `objective`
     is set, else `paper`."""
     objective: Literal["accuracy", "cost"] | None = None
-    """What C-MLFQ's moves serve. `accuracy`: the `distribution` rule, every move it finds
-    taken (single-shot accuracy; `kv_aware` ignored). `cost`: the `distribution` rule, a
-    move only when the KV-aware judge finds it pays for its re-prefill (`kv_aware`
-    forced). None (default): the paper's rule with `kv_aware` and `deadline` as set."""
+    """What C-MLFQ's moves serve. `accuracy`: the `distribution` rule for single-shot
+    accuracy, which counts an episode moved at most once: one move per episode, made
+    when it beats waiting for the next tool return (a one-step lookahead through the
+    node's children), `kv_aware` ignored. `cost`: the `distribution` rule, a move only
+    when the KV-aware judge finds it pays for its re-prefill (`kv_aware` forced). None
+    (default): the paper's rule with `kv_aware` and `deadline` as set."""
     gate: bool = False
     """`distribution` rule only: also require the paper's mean/P90 agreement on the
     target (a confidence gate: fewer, surer moves)."""

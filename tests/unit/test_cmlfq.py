@@ -204,3 +204,35 @@ def test_the_distribution_rule_moves_to_the_likeliest_final_bucket():
     teach(stays, longs + [short_after_ok() for _ in range(7)])
     assert stays.on_tool_return(at_first_return("ok")) == "tp2"
     assert policy(objective="accuracy", rule="paper").config.decision_rule == "paper"
+
+
+def test_accuracy_waits_for_a_return_that_will_tell_and_moves_once():
+    """After a first ok search, 45% of episodes end in tp8, 30% in tp2, 25% in tp4: tp8 is
+    the likeliest, but the second return tells them apart (an error: tp8; ok: tp2 or
+    tp4), so objective = accuracy waits for it, then moves once; it moves at once when
+    the next turn would overflow tp2 (no second chance), and never twice."""
+
+    def two(second, tail):
+        return record("q", [(1000, [("search", "ok", 300)]), (1000, [("search", second, 300)])]
+                      + tail)  # fmt: skip
+
+    p = policy(objective="accuracy")
+    teach(p, [two("error", [(1900, [])] * 10) for _ in range(9)]
+          + [two("ok", [(500, [])]) for _ in range(6)]
+          + [two("ok", [(1500, [])] * 5) for _ in range(5)])  # fmt: skip
+    assert p.on_tool_return(at_first_return("ok")) == "tp2"  # wait: the next return tells
+    rets = (ToolState("search", "ok", 300), ToolState("search", "error", 300))
+    second = EpisodeState("e", "q", PROMPT, PROMPT + 2620, rets, "tp2", 2)
+    moved = p.on_tool_return(second)
+    assert isinstance(moved, Decision) and moved.bucket == "tp8"
+    assert p.on_tool_return(EpisodeState("e", "q", PROMPT, PROMPT + 2620, rets, "tp8", 2)) == "tp8"
+    # 4,000 tokens after one turn: the next one crosses 5,000, so it is now or never (and
+    # from 4,000 tokens on, the short and medium episodes both end in tp4: 55%).
+    near = EpisodeState("e2", "q", PROMPT, 4_000, (ToolState("search", "ok", 300),), "tp2", 1)
+    assert p.on_tool_return(near).bucket == "tp4"
+    # objective = cost does not look ahead: it moves to the likeliest bucket at once.
+    cost = policy(objective="cost")
+    teach(cost, [two("error", [(1900, [])] * 10) for _ in range(9)]
+          + [two("ok", [(500, [])]) for _ in range(6)]
+          + [two("ok", [(1500, [])] * 5) for _ in range(5)])  # fmt: skip
+    assert cost.on_tool_return(at_first_return("ok")).bucket == "tp8"
