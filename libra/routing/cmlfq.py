@@ -109,13 +109,14 @@ class CMLFQPolicy:
         rule = "agree"
         agree = target is self._bucket_for(pred.p90)
         if cfg.decision_rule == "distribution":
-            target, p = self._most_likely(pred, ctx, state.bucket)
+            probs = self._blend(state, keys, ctx) if cfg.backoff == "blend" else None
+            target, p = self._most_likely(pred, ctx, state.bucket, probs)
             rule = f"distribution, P={p:.2f}"
             if (
                 cfg.objective == "accuracy"
                 and target.name != state.bucket
                 and pred.exact
-                and not self._now_or_never(match, state, p)
+                and not self._now_or_never(match, state, p, probs or self._probs(pred, ctx))
             ):
                 return state.bucket
             if cfg.gate and not (agree and target is self._bucket_for(pred.mean)):
@@ -157,21 +158,23 @@ class CMLFQPolicy:
             below = max(below, upto)
         return out
 
-    def _now_or_never(self, match: Match, state: EpisodeState, p_move: float) -> bool:
+    def _now_or_never(
+        self, match: Match, state: EpisodeState, p_move: float, here: list[float]
+    ) -> bool:
         """Whether moving now (right with probability `p_move`, and final: one move per
         episode) beats waiting one more tool return (objective = accuracy). Waiting wins
         what the episode's next return teaches: at each child of the node, the best
         bucket's probability then, weighted by how often episodes go there; plus the
         episodes that end in the current bucket without another return. It loses
         everything if the next turn, at the episode's own pace so far, outgrows the
-        current bucket (an overflow demotion is never single-shot): then it is now."""
+        current bucket (an overflow demotion is never single-shot): then it is now.
+        `here`: the bucket probabilities the decision used (the node's, or blended)."""
         current = self._by_name.get(state.bucket)
         ctx = state.tokens_so_far
         nxt = ctx + (ctx - state.prompt_tokens) / max(1, state.turn)
         if current is None or nxt >= current.bound:
             return True
         node = match.node
-        here = self._probs(_Prediction(match, ctx, exact=True), ctx)
         kids = [c for c in node.children.values() if c.rem.count]
         reach = sum(c.rem.count for c in kids)
         n = max(node.rem.count, reach)
@@ -192,10 +195,31 @@ class CMLFQPolicy:
             wait += child.rem.count / n * max(best, 1.0 - below)
         return p_move > wait + thin / n * max(here)
 
-    def _most_likely(self, pred: _Prediction, ctx: int, current: str) -> tuple[Bucket, float]:
-        """The bucket most likely to be the episode's final one, and that probability;
-        a tie keeps `current`."""
-        probs = self._probs(pred, ctx)
+    def _blend(self, state: EpisodeState, keys: list[StateKey], ctx: int) -> list[float] | None:
+        """Bucket probabilities of the prompt's node and the pooled one, the prompt's
+        weighted by its episodes n against `min_samples` for the pooled (n / (n + m)):
+        a prompt's own history counts as it accumulates. None without either node."""
+        parts: list[tuple[float, list[float]]] = []
+        mine, pooled = self.tree.lookup_each(state.task_id, keys, self.config.min_samples)
+        for match, weight in ((mine, None), (pooled, float(self.config.min_samples))):
+            if match is None:
+                continue
+            pred = _Prediction(match, ctx, exact=match.depth == len(keys))
+            if pred.mean > 0.0:
+                w = float(match.node.rem.count) if weight is None else weight
+                parts.append((w, self._probs(pred, ctx)))
+        if not parts:
+            return None
+        total = sum(w for w, _ in parts)
+        return [sum(w * v[i] for w, v in parts) / total for i in range(len(self.buckets))]
+
+    def _most_likely(
+        self, pred: _Prediction, ctx: int, current: str, probs: list[float] | None = None
+    ) -> tuple[Bucket, float]:
+        """The bucket most likely to be the episode's final one (by `probs` when given,
+        else by `pred`), and that probability; a tie keeps `current`."""
+        if probs is None:
+            probs = self._probs(pred, ctx)
         best, best_p = self.buckets[-1], -1.0
         for b, p in zip(self.buckets, probs, strict=True):
             if p > best_p + 1e-12 or (abs(p - best_p) <= 1e-12 and b.name == current):

@@ -57,6 +57,10 @@ class RoutingConfig(Config):
     node's children), `kv_aware` ignored. `cost`: the `distribution` rule, a move only
     when the KV-aware judge finds it pays for its re-prefill (`kv_aware` forced). None
     (default): the paper's rule with `kv_aware` and `deadline` as set."""
+    backoff: Literal["deepest", "blend"] = "deepest"
+    """`distribution` rule: which node speaks for an episode. `deepest`: the deepest node
+    with `min_samples` episodes, the prompt's or the pooled one. `blend`: both, the
+    prompt's probabilities weighted n / (n + min_samples) by its n episodes."""
     gate: bool = False
     """`distribution` rule only: also require the paper's mean/P90 agreement on the
     target (a confidence gate: fewer, surer moves)."""

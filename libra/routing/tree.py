@@ -192,8 +192,19 @@ class PrefixTree:
     def lookup(self, task_id: str, keys: Iterable[StateKey], min_samples: int) -> Match | None:
         """The deepest node along `keys` with at least `min_samples` episodes, in the
         prompt's tree or the pooled one (the prompt's wins a tie)."""
-        keys = tuple(keys)
         best: Match | None = None
+        for match in self.lookup_each(task_id, keys, min_samples):
+            if match is not None and (best is None or match.depth > best.depth):
+                best = match
+        return best
+
+    def lookup_each(
+        self, task_id: str, keys: Iterable[StateKey], min_samples: int
+    ) -> tuple[Match | None, Match | None]:
+        """The deepest node along `keys` with at least `min_samples` episodes in the
+        prompt's tree, and in the pooled one (None where the root has fewer)."""
+        keys = tuple(keys)
+        found: list[Match | None] = []
         mine = self.prompts.get(task_id)
         if isinstance(mine, _PromptRoot) and mine.episodes is not None:
             for node in mine.build(self.window):  # as `refresh` would have
@@ -202,6 +213,7 @@ class PrefixTree:
                     node.total.summary()
         for name, root in (("prompt", mine), ("pooled", self.pooled)):
             if root is None or root.rem.count < min_samples:
+                found.append(None)
                 continue
             node, depth = root, 0
             for key in keys:
@@ -210,9 +222,8 @@ class PrefixTree:
                 if child is None or child.rem.count < min_samples:
                     break
                 node, depth = child, depth + 1
-            if best is None or depth > best.depth:
-                best = Match(node, depth, name)
-        return best
+            found.append(Match(node, depth, name))
+        return found[0], found[1]
 
     # --- combining and persistence -----------------------------------------------
     def merge(self, other: PrefixTree) -> None:

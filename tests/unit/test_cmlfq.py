@@ -236,3 +236,22 @@ def test_accuracy_waits_for_a_return_that_will_tell_and_moves_once():
           + [two("ok", [(500, [])]) for _ in range(6)]
           + [two("ok", [(1500, [])] * 5) for _ in range(5)])  # fmt: skip
     assert cost.on_tool_return(at_first_return("ok")).bucket == "tp8"
+
+
+def test_blend_weighs_the_prompts_own_node_against_the_pooled_one():
+    """Prompt q's own four episodes say short (3 of 4) after an ok search; the pooled
+    tree, 36 episodes of other prompts more, says long. `deepest` takes q's node alone
+    and stays; `blend` weighs it 4 / (4 + min_samples) and moves to tp8."""
+    long = [(1000, [("search", "ok", 300)])] + [(1900, [])] * 10
+    short = [(1000, [("search", "ok", 300)]), (500, [])]
+    mine = [record("q", short) for _ in range(3)] + [record("q", long)]
+    others = [record(f"o{i}", long) for i in range(36)]
+    for objective in ("accuracy", "cost"):
+        deepest = policy(objective=objective, kv_aware=False)
+        blend = policy(objective=objective, backoff="blend")
+        for p in (deepest, blend):
+            teach(p, mine + others)
+        assert deepest.on_tool_return(at_first_return("ok")) == "tp2"
+        moved = blend.on_tool_return(at_first_return("ok"))
+        assert isinstance(moved, Decision) and moved.bucket == "tp8", objective
+        assert "P=0.59" in moved.reason  # 0.5 x 0.25 + 0.5 x 37/40
