@@ -85,6 +85,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         default=None,
         help="worker processes simulating systems side by side (default: min(2, CPUs))",
     )
+    p.add_argument(
+        "--routing",
+        action="append",
+        metavar="KEY=VALUE",
+        help="routing option of every system, e.g. objective=accuracy (repeatable; "
+        "RoutingConfig, docs/cmlfq.md)",
+    )
     p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots to DIR")
     add_json_flag(p)
     return p
@@ -106,7 +113,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--plot {str(args.plot)!r} is a file; pass a directory")
     fields = ("workload", "gpus", "hardware", "model", "steps", "seed", "prompts", "group",
               "staleness", "pipeline", "dispatch")  # fmt: skip
-    cfg = build(SimConfig, {f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+    values = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+    if args.routing:
+        from libra.cli.eval_routing import _routing_options
+
+        values["routing"] = _routing_options(args.routing)
+    cfg = build(SimConfig, values)
     systems = resolve(args.systems)
     if args.plot is not None:
         from libra.sim.plot import _pyplot

@@ -221,7 +221,7 @@ class Simulation:
         else:
             buckets = layout.buckets()
         name = "static" if self.spec.routing in ("pooled", "oracle") else self.spec.routing
-        policy = make_policy(name, buckets, None, cost=self._cost)
+        policy = make_policy(name, buckets, self.env.cfg.routing, cost=self._cost)
         if old is not None and hasattr(old, "tree") and hasattr(policy, "tree"):
             policy.tree = old.tree
         self.fleet.set_routing(buckets, policy, pooled=pooled)

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from libra.config import Config
 from libra.planner import ReplanConfig
+from libra.routing.config import RoutingConfig
 
 DEFAULT_PROMPTS = {"search-r1": 32, "r2e-gym": 16, "dapo-math": 16}
 """Prompts per step when a run does not say: the shapes of the frozen traces in
@@ -66,6 +67,9 @@ class SimConfig(Config):
     shortest run is kept."""
     replan: ReplanConfig = Field(default_factory=ReplanConfig)
     """When the planner-driven systems replan (`libra.planner.ReplanPolicy`)."""
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    """Options of the systems' routing policies (C-MLFQ's `objective`, ...), as in a
+    rollout config's `routing` table."""
 
     def prompts_for(self, workload: str) -> int:
         return self.prompts or DEFAULT_PROMPTS.get(workload, 16)

@@ -26,6 +26,7 @@ SMALL = ["--workload", "search-r1", "--gpus", "16", "--steps", "3", "--prompts",
         (["--hardware", "local"], "--hardware local describes this machine"),
         (["--pipeline", "eager"], "invalid choice: 'eager'"),
         (["--gpus", "abc"], "invalid int value: 'abc'"),
+        (["--routing", "objective=speed"], "routing.objective: Input should be 'accuracy' or 'cost'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
@@ -100,3 +101,14 @@ def test_libra_scores_its_forward_model_on_the_layouts_it_chose(capsys):
     for x in f["scores"]:
         err = abs(x["predicted_t_iter_s"] - x["measured_t_iter_s"]) / x["measured_t_iter_s"]
         assert x["rel_error"] == pytest.approx(err, abs=2e-3)
+
+
+def test_routing_options_reach_every_systems_policy(capsys):
+    """`--routing KEY=VALUE` is the run's routing table (`SimConfig.routing`, which the
+    cluster hands to `make_policy`), echoed in the JSON config."""
+    argv = ["simulate", *SMALL, "--systems", "libra-cmlfq", "--json"]
+    assert main([*argv, "--routing", "objective=accuracy"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["routing"]["objective"] == "accuracy"
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["routing"]["objective"] is None
