@@ -26,7 +26,10 @@ SMALL = ["--workload", "search-r1", "--gpus", "16", "--steps", "3", "--prompts",
         (["--hardware", "local"], "--hardware local describes this machine"),
         (["--pipeline", "eager"], "invalid choice: 'eager'"),
         (["--gpus", "abc"], "invalid int value: 'abc'"),
-        (["--routing", "objective=speed"], "routing.objective: Input should be 'accuracy' or 'cost'"),
+        (
+            ["--routing", "objective=speed"],
+            "routing.objective: Input should be 'accuracy' or 'cost'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
