@@ -10,9 +10,10 @@ re-prefill of the context (`libra.routing.cost.judge_move`). Finished episodes u
 the tree between steps (or online). No model inference, nothing to retrain.
 
 With `objective` set (or `rule = "distribution"`) the node speaks through its whole
-length distribution instead: the episode moves to the bucket most likely to be its
-final one given the node and its current length (`accuracy`: every such move;
-`cost`: those the KV-aware judge finds paying).
+length distribution instead: the target is the bucket most likely to be the episode's
+final one given the node and its current length. `accuracy`: one move per episode,
+made when it beats waiting for the next tool return (a one-step lookahead through the
+node's children); `cost`: every such move the KV-aware judge finds paying.
 
 When the deepest usable node is an ancestor of the episode's position (its own path is
 too rare), the node's remaining lengths were measured at an earlier point; the policy
