@@ -90,3 +90,27 @@ def test_a_bad_verifiers_spec_is_one_clear_error() -> None:
         load_env("verifiers:no_such_taskset", {})
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['harnes'\]"):
         load_env("verifiers:vf_chat", {"harnes": "null"})
+
+
+def test_serve_rollout_hosts_a_verifiers_env(tmp_path: Path, tiny_model: Path, spawn_fake,
+                                             monkeypatch) -> None:  # fmt: skip
+    """A client of `libra serve-rollout` picks verifiers tasks by id; an id the taskset
+    lacks is an error record and the service goes on serving."""
+    from libra.client import Client
+    from tests.integration.service_util import Service
+
+    url, _ = spawn_fake()
+    monkeypatch.setenv("PYTHONPATH", PATH)
+    svc = Service(tmp_path, tiny_model, [url], "--env", "calc=verifiers:verifiers_calc")
+    svc.start()
+    try:
+        with Client(svc.url, reconnect_s=5) as c:
+            recs = list(c.trajectories(c.submit("calc", [{"id": "calc-1"}, {"id": "nope"}],
+                                                group_size=2)))  # fmt: skip
+            by = {(r.task_id, r.status) for r in recs}
+            assert by == {("calc-1", "ok"), ("nope", "error")} and len(recs) == 4
+            assert all(r.reward == 1.0 for r in recs if r.task_id == "calc-1")
+            again = list(c.trajectories(c.submit("calc", [{"id": "calc-2"}])))
+            assert [(r.status, r.reward) for r in again] == [("ok", 1.0)]
+    finally:
+        svc.close()
