@@ -191,7 +191,11 @@ class VerifiersEnv(AgentEnv):
             raise
 
     async def _up(self) -> None:
-        if self._serving is None:
+        # A serving task that ended (it failed to start: each waiting episode got its
+        # error) is started again by the next episode rather than failing every one.
+        if self._serving is None or self._serving.done():
+            if self._serving is not None and not self._serving.cancelled():
+                self._serving.exception()  # retrieved: the episodes reported it
             self._ready = asyncio.get_running_loop().create_future()
             self._stop = asyncio.Event()
             self._serving = asyncio.create_task(self._hold(), name=f"{self.name} serving")
