@@ -96,9 +96,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from libra.sim import workloads
 
     buckets = [Bucket("tp2", 2, 4_000), Bucket("tp4", 4, 12_000), Bucket("tp8", 8, 40_960)]
-    from libra.cli.eval_routing import _routing_options
+    from libra.cli.common import routing_options
 
-    options = {"max_nodes": max(args.nodes * 2, 1), **_routing_options(args.routing)}
+    options = {"max_nodes": max(args.nodes * 2, 1), **routing_options(args.routing)}
     policy: Any = make_policy("cmlfq", buckets, options)
     built = time.perf_counter()
     step = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -30,6 +31,18 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
         if not sep or not key or not value:
             raise ConfigError(f"{flag} {item!r}: expected {example}")
         out.append((key.strip(), value.strip()))
+    return out
+
+
+def routing_options(pairs: list[str] | None) -> dict[str, Any]:
+    """`--routing KEY=VALUE` flags as a routing table: a value that parses as JSON is
+    that (numbers, booleans), any other a string (a path, a mode name)."""
+    out: dict[str, Any] = {}
+    for key, raw in parse_pairs(pairs, "--routing", "KEY=VALUE, e.g. min_samples=8"):
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
     return out
 
 

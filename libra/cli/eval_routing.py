@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, parse_pairs, print_json
+from libra.cli.common import add_json_flag, parse_pairs, print_json, routing_options
 from libra.errors import ConfigError
 
 SHOWN_BAD_LINES = 20
@@ -94,18 +94,6 @@ def buckets_from_args(args: argparse.Namespace) -> list[Any]:
     return [Bucket(n, t, b) for n, t, b in zip(names, tps, bounds, strict=True)]
 
 
-def _routing_options(pairs: list[str] | None) -> dict[str, Any]:
-    import json
-
-    out: dict[str, Any] = {}
-    for key, raw in parse_pairs(pairs, "--routing", "KEY=VALUE, e.g. min_samples=8"):
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw  # a string (a path, a mode name)
-    return out
-
-
 def _read(path: Path) -> bytes:
     if not path.is_file():
         raise ConfigError(f"trace {str(path)!r} not found; pass a JSONL file of trajectory records")
@@ -128,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     for n in names:
         if n not in POLICIES:
             raise ConfigError(f"--policy {n!r}: unknown; known: {', '.join(POLICIES)}")
-    config = build(RoutingConfig, _routing_options(args.routing), "--routing")
+    config = build(RoutingConfig, routing_options(args.routing), "--routing")
     records, bad = parse_lines(_read(args.trace).splitlines())
     for lineno, problem in bad[:SHOWN_BAD_LINES]:
         print(f"{args.trace}:{lineno}: skipped: {problem}", file=sys.stderr)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, print_json, progress
+from libra.cli.common import add_json_flag, print_json, progress, routing_options
 from libra.errors import ConfigError
 
 
@@ -115,9 +115,7 @@ def run(args: argparse.Namespace) -> int:
               "staleness", "pipeline", "dispatch")  # fmt: skip
     values = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.routing:
-        from libra.cli.eval_routing import _routing_options
-
-        values["routing"] = _routing_options(args.routing)
+        values["routing"] = routing_options(args.routing)
     cfg = build(SimConfig, values)
     systems = resolve(args.systems)
     if args.plot is not None:
