@@ -83,7 +83,7 @@ class CMLFQPolicy:
         mean = self._bucket_for(pred.mean)
         agree: Bucket | None = mean if mean is self._bucket_for(pred.p90) else None
         if self.config.decision_rule == "distribution":
-            target, _ = self._most_likely(pred, state.prompt_tokens, base)
+            target, _ = self._most_likely(self._probs(pred, state.prompt_tokens), base)
             if self.config.gate and target is not agree:
                 return base
         elif agree is None:
@@ -110,14 +110,15 @@ class CMLFQPolicy:
         rule = "agree"
         agree = target is self._bucket_for(pred.p90)
         if cfg.decision_rule == "distribution":
-            probs = self._blend(state, keys, ctx) if cfg.backoff == "blend" else None
-            target, p = self._most_likely(pred, ctx, state.bucket, probs)
+            blend = self._blend(state, keys, ctx) if cfg.backoff == "blend" else None
+            probs = blend or self._probs(pred, ctx)
+            target, p = self._most_likely(probs, state.bucket)
             rule = f"distribution, P={p:.2f}"
             if (
                 cfg.objective == "accuracy"
                 and target.name != state.bucket
                 and pred.exact
-                and not self._now_or_never(match, state, p, probs or self._probs(pred, ctx))
+                and not self._now_or_never(match, state, p, probs)
             ):
                 return state.bucket
             if cfg.gate and not (agree and target is self._bucket_for(pred.mean)):
@@ -214,13 +215,9 @@ class CMLFQPolicy:
         total = sum(w for w, _ in parts)
         return [sum(w * v[i] for w, v in parts) / total for i in range(len(self.buckets))]
 
-    def _most_likely(
-        self, pred: _Prediction, ctx: int, current: str, probs: list[float] | None = None
-    ) -> tuple[Bucket, float]:
-        """The bucket most likely to be the episode's final one (by `probs` when given,
-        else by `pred`), and that probability; a tie keeps `current`."""
-        if probs is None:
-            probs = self._probs(pred, ctx)
+    def _most_likely(self, probs: list[float], current: str) -> tuple[Bucket, float]:
+        """The bucket most likely to be the episode's final one under `probs` (one per
+        bucket), and that probability; a tie keeps `current`."""
         best, best_p = self.buckets[-1], -1.0
         for b, p in zip(self.buckets, probs, strict=True):
             if p > best_p + 1e-12 or (abs(p - best_p) <= 1e-12 and b.name == current):
