@@ -46,7 +46,16 @@ class GRPOConfig(Config):
     """Optimizer updates per step: the step's samples are split into this many
     mini-batches; from the second on the clipped ratio is active."""
     micro_batch_tokens: int = Field(4096, ge=1)
-    """Padded tokens per forward/backward pass (gradient accumulation bound)."""
+    """Tokens per forward/backward pass (gradient accumulation bound): rows x longest
+    sample when padded, the sum of the samples' lengths when `packing`. A longer sample
+    gets a pass of its own."""
+    packing: bool = False
+    """Concatenate a micro-batch's samples in one row (position ids restarting at each
+    sample, attention masked block-diagonally by transformers) instead of one padded
+    row per sample: no padding, fewer passes, the same loss and gradients. Off by
+    default: without a variable-length attention kernel (flash-attn; CPU and sdpa) the
+    mask of a packed row is dense, so attention costs (sum of lengths)^2 instead of the
+    sum of length^2 (docs/grpo.md, "Packing")."""
     logprob_chunk_tokens: int = Field(1024, ge=0)
     """Positions whose logits over the vocabulary are computed at once (each chunk
     recomputed in the backward): a micro-batch's whole float32 logits never exist.
@@ -110,8 +119,10 @@ class TrainerConfig(Config):
     model: str
     """HF model folder to start from (config.json, model.safetensors, tokenizer)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of forward/backward (`bfloat16`: CPU autocast); master weights,
-    gradients and Adam state stay float32."""
+    """Compute dtype of forward/backward (`bfloat16`: autocast in a one-rank replica;
+    in a sharded one, FSDP2's mixed-precision policy: parameters all-gathered in
+    bfloat16, gradients reduced in float32); master weights, gradients and Adam state
+    stay float32."""
     seed: int = 0
     """Seed for anything random in the trainer (dummy inputs only; data order is the
     caller's)."""

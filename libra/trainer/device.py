@@ -87,16 +87,19 @@ def replica_mesh(device: Device, size: int) -> DeviceMesh:
 
 def parallelize(model: torch.nn.Module, mesh: DeviceMesh, cfg: TrainerConfig) -> None:
     """Shard `model` over the replica's mesh: FSDP2 `fully_shard` on each decoder layer,
-    then on the root, with plain-sum gradient reductions. Nothing in `cfg` changes the
-    sharding today; a model that needs more (tensor parallelism, activation checkpointing)
-    reads its settings from it here."""
-    from torch.distributed.fsdp import fully_shard
+    then on the root, with plain-sum gradient reductions. `cfg.dtype = "bfloat16"` is
+    FSDP2's mixed precision: parameters all-gathered and computed in bfloat16, gradients
+    reduce-scattered in float32 into the float32 shards (master weights, gradients and
+    Adam state stay float32, as in the unsharded path's autocast)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    del cfg
+    policy = MixedPrecisionPolicy()  # float32 throughout
+    if cfg.dtype == "bfloat16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     units = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     for m in units:
-        fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(m, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     for m in [*units, model]:
         # Sum (not average) inside the replica: the elastic layer divides by the global
         # token count once. Gloo has no PREMUL_SUM, so force plain SUM collectives.

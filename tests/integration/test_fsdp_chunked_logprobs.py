@@ -23,7 +23,7 @@ def _rank(rank: int, folder: str, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from libra.trainer import grpo
-    from libra.trainer.config import GRPOConfig
+    from libra.trainer.config import GRPOConfig, TrainerConfig
     from libra.trainer.device import parallelize
     from libra.trainer.model import load_model
     from tests.unit.test_grpo import samples
@@ -32,7 +32,7 @@ def _rank(rank: int, folder: str, port: int, out: str) -> None:
     try:
         torch.manual_seed(0)
         model = load_model(folder)
-        parallelize(model, init_device_mesh("cpu", (2,)), None)  # type: ignore[arg-type]
+        parallelize(model, init_device_mesh("cpu", (2,)), TrainerConfig(model=folder))
         batch = samples(6, 3)[rank::2]
         grads = {}
         for chunk in (0, 7):
