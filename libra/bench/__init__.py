@@ -17,4 +17,5 @@ BENCHMARKS: dict[str, str] = {
     "publish": "publish",
     "train-ray": "train_ray",
     "trainer": "trainer",
+    "gpu-check": "gpu_check",
 }

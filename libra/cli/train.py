@@ -18,7 +18,8 @@ examples:
   libra train examples/cpu-train.toml --set planner.adapt=false   # any key, as TOML
 
 The run folder (`out`) gets metrics.jsonl, decisions.jsonl, events.jsonl, plots/*.png,
-checkpoint/ (serve it: libra serve-engine --model OUT/checkpoint) and summary.json.
+checkpoint/ (sharded, to resume), model/ (the final weights as an HF folder: serve it
+with libra serve-engine --model OUT/model) and summary.json.
 An existing run there is resumed from its last checkpoint; --fresh starts over.
 
 exit status: 0 trained to `steps`; 3 nothing ran: the run in `out` was already at
@@ -152,10 +153,10 @@ def _render(s: dict) -> str:
             f"    step {d['step']}: predicted gain {d['predicted_gain_s']:,.1f} s > "
             f"cost {d['reconfig_cost_s']:,.1f} s ({d['trigger']})"
         )
+    if s.get("model"):
+        lines.append(f"  model: {s['model']} (libra serve-engine --model {s['model']})")
     if s["checkpoint"]:
-        lines.append(
-            f"  checkpoint: {s['checkpoint']} (libra serve-engine --model {s['checkpoint']})"
-        )
+        lines.append(f"  checkpoint: {s['checkpoint']} (the same command resumes from it)")
     if s["plots"]:
         lines.append(f"  plots: {', '.join(s['plots'])}")
     return "\n".join(lines)

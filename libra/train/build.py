@@ -111,9 +111,10 @@ class Run:
 
     async def train(self) -> str:
         """Train to `steps` (or until Ctrl-C), then a final checkpoint if the last step
-        has none. Returns `done` or `interrupted`. An engine that dies is replaced on its
-        devices (`Fleet.watch`); one that dies again past `fleet.engine_restarts` fails
-        the run at once (`EndpointDown`)."""
+        has none, and the weights as an HF folder (`out/model`). Returns `done` or
+        `interrupted`. An engine that dies is replaced on its devices (`Fleet.watch`);
+        one that dies again past `fleet.engine_restarts` fails the run at once
+        (`EndpointDown`)."""
         self.view.phase, self.view.step = "training", self.trainer.version
         self.view.switches = self.loop.state.switches
         try:
@@ -127,6 +128,8 @@ class Run:
         ckpt = self.checkpointer
         if self.loop.checkpointed != self.trainer.version or not ckpt.path.is_dir():
             await self.checkpoint()
+        # the checkpoint is shards for a resume; what to serve is an HF folder
+        await self.trainer.save_weights(str(ckpt.out / "model"))
         return outcome
 
     async def checkpoint(self) -> None:
@@ -167,7 +170,9 @@ async def build_run(
             )
         replanner = make_replanner(cfg, start, hw)
         version = int(saved["version"]) if saved else 0
-        serve = out / "checkpoint" if resumed else start
+        current = Weights(version, str(start))
+        if resumed:
+            current = await _resumed_weights(cfg, out, start, version)
         workers = placement.workers(cfg, _starting_roles(cfg, replanner, demos, saved, report))
         where = placement.placement(cfg, workers)
         state = LoopState.from_dict(saved["loop"]) if saved else LoopState()
@@ -186,7 +191,7 @@ async def build_run(
             # a resumed run's engines start on its checkpoint; later ones on a folder that is
             # never rewritten, then take the newest
             origin=Weights(-1 if resumed else version, str(start)),
-            current=Weights(version, str(serve)),
+            current=current,
         )  # fmt: skip
         fleet = Fleet(
             workers,
@@ -300,6 +305,20 @@ def weight_sync(
     return FolderSync(write=trainer.save_weights, root=out / "weights",
                       keep=cfg.trainer.keep_versions, pool=pool, kind=kind, origin=origin,
                       current=current)  # fmt: skip
+
+
+async def _resumed_weights(cfg: TrainConfig, out: Path, source: Path, version: int) -> Weights:
+    """The checkpoint's weights, which a resumed run's engines are brought to. Broadcast
+    sends them from the trainer's memory; folders on disk need an HF folder, exported
+    from the checkpoint's shards to that version's folder (`weights/v{N}`)."""
+    if cfg.weights.transport == "broadcast":
+        return Weights(version, "")  # as after a broadcast publication: no folder
+    from libra.trainer.checkpoint import export_model
+    from libra.weights.folder import version_dir
+
+    folder = version_dir(out / "weights", version)
+    await asyncio.to_thread(export_model, out / "checkpoint", folder, source)
+    return Weights(version, str(folder))
 
 
 async def _rollout_workers(

@@ -3,8 +3,10 @@
     out/
       config.json        the resolved config of the run (a resume must match it)
       state.json         loop state at the last checkpoint (below)
-      checkpoint/        trainer checkpoint = HF model folder + optimizer + version
-                         (`libra serve-engine --model out/checkpoint` serves it)
+      checkpoint/        trainer checkpoint: weights + optimizer, sharded as the trainer's
+                         ranks hold them, + version (`libra.trainer.checkpoint`)
+      model/             the weights at the end of the run as an HF folder
+                         (`libra serve-engine --model out/model` serves it)
       base/ sft/         the made model and the warm-started one
       weights/v{N}/      published versions (the newest few)
       hardware.json      the calibrated `local` profile
@@ -13,7 +15,8 @@
 
 `state.json` and `checkpoint/` are written together at a step boundary (checkpoint
 first, then the state file atomically), so the state always names a checkpoint that
-exists. A resume restarts the trainer from `checkpoint/`, the engines on its weights,
+exists. A resume restarts the trainer from `checkpoint/` (at any `replica_ranks`), the
+engines on its weights (exported to `weights/v{N}/` when weights travel by disk),
 the task stream at its position and the hybrids in their roles; episodes that were in
 flight are started again (their groups' tasks are drawn afresh).
 """

@@ -55,7 +55,7 @@ class GRPOConfig(Config):
     row per sample: no padding, fewer passes, the same loss and gradients. Off by
     default: without a variable-length attention kernel (flash-attn; CPU and sdpa) the
     mask of a packed row is dense, so attention costs (sum of lengths)^2 instead of the
-    sum of length^2 (docs/grpo.md, "Packing")."""
+    sum of length^2 (docs/grpo.md, "Micro-batches and packing")."""
     logprob_chunk_tokens: int = Field(1024, ge=0)
     """Positions whose logits over the vocabulary are computed at once (each chunk
     recomputed in the backward): a micro-batch's whole float32 logits never exist.

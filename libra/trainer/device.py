@@ -7,9 +7,12 @@ the per-epoch cross-replica groups and the autocast context. No other trainer mo
 names a device type or a backend (torchtitan's `distributed/parallel_dims.py` and
 `distributed/utils.py::init_distributed` have the same job).
 
-Today every rank computes on CPU and talks over gloo. A CUDA path adds one branch to
-`Device.resolve` and the device-specific lines of these functions; the modules that
-call them do not change.
+Every rank `libra train` and `ElasticTrainer` spawn computes on CPU and talks over gloo
+(`Device.resolve`). `cuda()` is one CUDA device with NCCL collectives: a replica built on
+it holds its model, gradients and Adam state on the GPU and the loss moves each
+micro-batch there (`scripts/gpu-check.sh` runs one such rank). Spawned ranks are not
+placed on GPUs yet (the cross-replica groups, snapshots and weight broadcasts are gloo
+over CPU tensors), so no config chooses it.
 """
 
 from __future__ import annotations
@@ -33,14 +36,21 @@ if TYPE_CHECKING:
 class Device:
     """Where one trainer process computes and how its collectives travel."""
 
-    type: Literal["cpu"]
+    type: Literal["cpu", "cuda"]
     """torch device type of the model, its gradients and the optimizer state."""
-    backend: Literal["gloo"]
+    backend: Literal["gloo", "nccl"]
     """Collective backend of the replica's own group and of the cross-replica groups."""
     threads: int
     """torch intra-op threads per process. The ranks of a run share the machine's
     cores: one thread each (the warm start measured 2 threads on 2 busy cores at 2-8x
     the CPU time of one)."""
+    index: int = 0
+    """The CUDA device ordinal of this process (unused on CPU)."""
+
+    @property
+    def torch(self) -> torch.device:
+        """The `torch.device` tensors of this process live on."""
+        return torch.device("cuda", self.index) if self.type == "cuda" else torch.device("cpu")
 
     @classmethod
     def resolve(cls, cfg: TrainerConfig) -> Device:
@@ -55,9 +65,16 @@ CPU = Device(type="cpu", backend="gloo", threads=1)
 default of the loss functions when a caller (a test, a tool) has no config."""
 
 
+def cuda(index: int = 0, threads: int = 1) -> Device:
+    """CUDA device `index`, NCCL collectives (see the module doc for what runs on it)."""
+    return Device(type="cuda", backend="nccl", threads=threads, index=index)
+
+
 def init_process(device: Device) -> None:
     """Per-process setup, first thing in a spawned trainer process."""
     torch.set_num_threads(device.threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index)
     if device.backend == "gloo":
         # The replica's own group picks its network interface from this variable
         # (loopback on one machine); the cross-replica groups name their host instead.
@@ -137,6 +154,7 @@ __all__ = [
     "Device",
     "autocast",
     "cross_replica_group",
+    "cuda",
     "init_process",
     "init_replica_group",
     "parallelize",

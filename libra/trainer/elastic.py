@@ -217,8 +217,7 @@ class ElasticWorker:
     def _compute(self, samples: list[Sample], old: list[torch.Tensor] | None) -> grpo.LocalStats:
         count = None
         if self.size > 1:  # FSDP ranks of a replica must run the same number of passes
-            plans = grpo.plan_micro_batches(samples, self.cfg.grpo.micro_batch_tokens)
-            count = self.replica.intra_max(len(plans))
+            count = self.replica.intra_max(grpo.passes(samples, self.cfg.grpo))
         return grpo.backward(
             self.replica.model, samples, self.cfg.grpo, dtype=self.cfg.dtype,
             device=self.replica.device, old=old, ref_model=self.replica.ref_model, count=count,

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from libra.trainer.config import GRPOConfig
 from libra.trainer.device import CPU, Device, autocast
+from libra.trainer.microbatch import MicroBatch, collate, micro_batches, pack, plan_micro_batches
 from libra.trainer.samples import Sample
 
 # The chunked path's forward returns the final hidden states, a view of the decoder's
@@ -54,55 +55,6 @@ class LocalStats:
             self.metrics[k] += v
 
 
-@dataclass(slots=True)
-class MicroBatch:
-    """Padded tensors for a forward pass; position t predicts token t + 1."""
-
-    input_ids: torch.Tensor  # [B, T] long
-    attention_mask: torch.Tensor  # [B, T] long
-    mask: torch.Tensor  # [B, T-1] float: 1 where token t+1 carries loss
-    rollout: torch.Tensor  # [B, T-1] float: rollout log-prob of token t+1 (or nan)
-    advantage: torch.Tensor  # [B, 1] float
-    lengths: list[int]
-    prompt_lens: list[int]
-
-
-def collate(samples: Sequence[Sample]) -> MicroBatch:
-    b, t = len(samples), max(s.length for s in samples)
-    ids = torch.zeros(b, t, dtype=torch.long)
-    att = torch.zeros(b, t, dtype=torch.long)
-    mask = torch.zeros(b, t - 1)
-    rollout = torch.full((b, t - 1), float("nan"))
-    for i, s in enumerate(samples):
-        n, p = s.length, s.prompt_len
-        ids[i, :n] = torch.tensor(s.input_ids)
-        att[i, :n] = 1
-        # response token j sits at position p + j and is predicted at p + j - 1
-        mask[i, p - 1 : n - 1] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        if s.rollout_logprobs:
-            rollout[i, p - 1 : n - 1] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-    adv = torch.tensor([[s.advantage] for s in samples], dtype=torch.float32)
-    return MicroBatch(ids, att, mask, rollout, adv, [s.length for s in samples],
-                      [s.prompt_len for s in samples])  # fmt: skip
-
-
-def plan_micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
-    """Indices of samples per micro-batch, each at most `budget` padded tokens (a longer
-    sample gets a micro-batch of its own). Sorted by length so padding stays small."""
-    order = sorted(range(len(samples)), key=lambda i: samples[i].length)
-    plans: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        longest = samples[i].length  # ascending order: the newest is the longest
-        if cur and longest * (len(cur) + 1) > budget:
-            plans.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        plans.append(cur)
-    return plans
-
-
 def token_logprobs(
     model: torch.nn.Module, mb: MicroBatch, temperature: float, dtype: str = "float32",
     *, device: Device = CPU, chunk_tokens: int = 0,
@@ -116,14 +68,14 @@ def token_logprobs(
     head = _head(model) if chunk_tokens > 0 else None
     if head is None or not isinstance(head, torch.nn.Linear) or _scales_logits(model):
         with autocast(device, dtype):
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            logits = _forward(model, mb)
         logits = logits[:, :-1].float() / temperature
         targets = mb.input_ids[:, 1:].unsqueeze(-1)
         return (logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, -1)).float()
     b, t = mb.input_ids.shape
     with autocast(device, dtype):
         with _head_skipped(head):  # the forward returns the final hidden states
-            hidden = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            hidden = _forward(model, mb)
         h = hidden[:, :-1].reshape(b * (t - 1), -1)
         targets = mb.input_ids[:, 1:].reshape(-1)
         parts = []
@@ -135,6 +87,14 @@ def token_logprobs(
             else:
                 parts.append(_chunk_logprobs(*args))
     return torch.cat(parts).view(b, t - 1).float()
+
+
+def _forward(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """The model's `logits` output. A packed row passes its restarting position ids and
+    no attention mask: transformers masks attention block-diagonally from them."""
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                position_ids=mb.position_ids)  # fmt: skip
+    return out.logits
 
 
 def _chunk_logprobs(
@@ -222,22 +182,16 @@ def token_loss(
     return total, stats
 
 
-def micro_batches(
-    samples: Sequence[Sample], budget: int, count: int | None = None
-) -> Iterator[tuple[list[int], MicroBatch | None]]:
-    """The micro-batches of `samples`, padded with `None` entries up to `count` (FSDP
-    ranks of one replica must run the same number of passes)."""
-    plans = plan_micro_batches(samples, budget)
-    for idx in plans:
-        yield idx, collate([samples[i] for i in idx])
-    for _ in range(max(0, (count or 0) - len(plans))):
-        yield [], None
+def passes(samples: Sequence[Sample], cfg: GRPOConfig) -> int:
+    """Forward passes `backward` and `old_logprobs` make over `samples` (before the
+    dummy ones of `count`): what the FSDP ranks of a replica agree on."""
+    return len(plan_micro_batches(samples, cfg.micro_batch_tokens, packing=cfg.packing))
 
 
-def dummy_pass(model: torch.nn.Module) -> None:
+def dummy_pass(model: torch.nn.Module, device: Device = CPU) -> None:
     """A forward/backward that adds zero to every gradient: keeps an FSDP rank with no
     data in step with its replica's collectives."""
-    ids = torch.zeros(1, 2, dtype=torch.long)
+    ids = torch.zeros(1, 2, dtype=torch.long, device=device.torch)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     (out.sum() * 0.0).backward()
 
@@ -258,21 +212,19 @@ def backward(
     `old[i]` is sample i's per-position trainer log-prob before this version's first
     update ([length - 1]); None uses the current log-probs (ratio 1: one update per
     batch). `count` forces that many passes (dummy ones when data runs out). `device`
-    is the replica's (`Replica.device`): it sets the autocast of `dtype`.
+    is the replica's (`Replica.device`): each micro-batch moves there, and it sets the
+    autocast of `dtype`.
     """
     stats = LocalStats()
-    for idx, mb in micro_batches(samples, cfg.micro_batch_tokens, count):
-        if mb is None:
-            dummy_pass(model)
+    for idx, planned in micro_batches(samples, cfg.micro_batch_tokens, packing=cfg.packing,
+                                      count=count):  # fmt: skip
+        if planned is None:
+            dummy_pass(model, device)
             continue
+        mb = planned.to(device.torch)
         logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device,
                               chunk_tokens=cfg.logprob_chunk_tokens)  # fmt: skip
-        if old is None:
-            prev = logp.detach()
-        else:
-            prev = torch.zeros_like(logp)
-            for row, i in enumerate(idx):
-                prev[row, : old[i].numel()] = old[i]
+        prev = logp.detach() if old is None else mb.place([old[i] for i in idx])
         ref = None
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad():
@@ -298,15 +250,17 @@ def old_logprobs(
     """Per-sample trainer log-probs under the current weights (before any update of
     this version): the `old` of the clipped ratio when a step has several updates."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-    for idx, mb in micro_batches(samples, cfg.micro_batch_tokens, count):
-        if mb is None:
-            ids = torch.zeros(1, 2, dtype=torch.long)
+    for idx, planned in micro_batches(samples, cfg.micro_batch_tokens, packing=cfg.packing,
+                                      count=count):  # fmt: skip
+        if planned is None:
+            ids = torch.zeros(1, 2, dtype=torch.long, device=device.torch)
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
             continue
+        mb = planned.to(device.torch)
         logp = token_logprobs(model, mb, cfg.temperature, dtype, device=device,
                               chunk_tokens=cfg.logprob_chunk_tokens)  # fmt: skip
-        for row, i in enumerate(idx):
-            out[i] = logp[row, : mb.lengths[row] - 1].clone()
+        for i, lp in zip(idx, mb.per_sample(logp), strict=True):
+            out[i] = lp.clone()
     return out
 
 
@@ -318,6 +272,8 @@ __all__ = [
     "collate",
     "dummy_pass",
     "old_logprobs",
+    "pack",
+    "passes",
     "plan_micro_batches",
     "token_logprobs",
     "token_loss",

@@ -89,17 +89,23 @@ def write_folder(
                 and f.name not in WEIGHT_INDEXES
             ):
                 shutil.copy2(f, tmp / f.name)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-__all__ = ["check_folder", "load_model", "tied_keys", "write_folder"]
+def swap_in(tmp: Path, out: Path) -> None:
+    """Replace folder `out` with `tmp`, written beside it (a reader sees the old folder
+    or the new one, and for a moment none)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+__all__ = ["check_folder", "load_model", "swap_in", "tied_keys", "write_folder"]

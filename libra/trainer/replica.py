@@ -41,14 +41,15 @@ class Replica:
         self.cfg = cfg
         self.device = device or Device.resolve(cfg)
         self.rank, self.size = rank, size
-        self.model = load_model(model_dir or cfg.model)
+        dev = self.device.torch
+        self.model = load_model(model_dir or cfg.model).to(dev)
         if cfg.activation_checkpointing:
             checkpoint_layers(self.model)
         if size > 1:
             parallelize(self.model, replica_mesh(self.device, size), cfg)
         self.ref_model = None
         if cfg.grpo.kl_coef > 0:
-            self.ref_model = load_model(cfg.model).eval().requires_grad_(False)
+            self.ref_model = load_model(cfg.model).to(dev).eval().requires_grad_(False)
         o = cfg.optim
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # Fused AdamW (one pass over memory, ~3x faster on CPU) for plain tensors; the
@@ -62,7 +63,8 @@ class Replica:
         # the same tensors to receive a snapshot into, and backward accumulates in place.
         for p in self.params:
             self.optimizer.state[p] = {
-                "step": torch.tensor(0.0),
+                # on the parameter's device: the fused CUDA kernel reads it there
+                "step": torch.tensor(0.0, device=dev if size == 1 else "cpu"),
                 "exp_avg": torch.zeros_like(p),
                 "exp_avg_sq": torch.zeros_like(p),
             }
@@ -104,7 +106,7 @@ class Replica:
         h = hashlib.blake2b(digest_size=16)
         h.update(f"{self.updates}/{self.adam_step}".encode())
         for t in self.state_tensors():
-            h.update(memoryview(t.detach().contiguous().view(torch.uint8).numpy()))  # type: ignore[arg-type]
+            h.update(memoryview(t.detach().cpu().contiguous().view(torch.uint8).numpy()))  # type: ignore[arg-type]
         return h.hexdigest()
 
     def _grads(self) -> Iterator[tuple[torch.Tensor, int, int]]:

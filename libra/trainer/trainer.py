@@ -6,7 +6,7 @@
     trainer.add_hybrid("h0")                       # returns at once; joins live
     trainer.remove_hybrid("h0")                    # graceful: leaves after the next update
     trainer.save_weights(path)                     # HF model folder (what engines load)
-    trainer.save_checkpoint(path)                  # model folder + optimizer + version
+    trainer.save_checkpoint(path)                  # sharded weights + optimizer + version
     trainer.close()
 
 Each rank is a spawned process (`libra.trainer.ranks`, `libra.trainer.worker`). This
@@ -26,7 +26,7 @@ from typing import Any
 
 from libra.errors import ConfigError
 from libra.record import Trajectory
-from libra.trainer.checkpoint import read_meta
+from libra.trainer.checkpoint import check
 from libra.trainer.config import TrainerConfig
 from libra.trainer.ranks import START_TIMEOUT_S, Key, Ranks
 from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport, StepResult
@@ -44,9 +44,7 @@ class ElasticTrainer:
 
     def __init__(self, cfg: TrainerConfig, *, resume: str | None = None):
         self.cfg = cfg
-        meta = read_meta(resume) if resume else {}
-        if resume and not meta:
-            raise ConfigError(f"{resume} is not a trainer checkpoint (no trainer_state.json)")
+        meta = check(resume) if resume else {}
         self.version = int(meta.get("version", 0))
         self.updates = int(meta.get("updates", 0))
         self._ranks = Ranks(cfg, resume=resume)
@@ -141,7 +139,9 @@ class ElasticTrainer:
         return str(path)
 
     def save_checkpoint(self, path: str) -> str:
-        """Model folder + optimizer + version at `path` (resume with `resume=path`)."""
+        """Core replica 0's weights and optimizer, each rank writing its own shards, and
+        the version at `path` (resume with `resume=path`, at any `replica_ranks`; not a
+        model folder: `libra.trainer.checkpoint.export_model` makes one)."""
         self._ranks.ask("core0", ("save", str(path), {"version": self.version}, True))
         return str(path)
 

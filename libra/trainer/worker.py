@@ -6,7 +6,8 @@ Commands (tuples) and replies:
     ("version", v, [samples per mini-batch])  -> ("ok", None)     this rank's share
     ("update", u, m)      -> ("step", StepResult) | ("skip", None)  mini-batch m as update u
     ("leave",)            -> ("ok", None)     leave at the next update (or withdraw)
-    ("save", dir, meta, optimizer: bool) -> ("ok", path | None)
+    ("save", dir, meta, checkpoint: bool) -> ("ok", path | None)   every rank of the
+                                              replica: a sharded checkpoint, or an HF folder
     ("hash",)             -> ("ok", state hash of this rank)
     ("wt", op, ...)       -> ("ok", value)    core0 only: weight broadcast
                                               (`libra.trainer.broadcast`)
@@ -88,9 +89,9 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     if spec.size > 1:
         store = connect(cfg.elastic.host, spec.port, f"replica/{spec.member_id}")
         init_replica_group(device, store, spec.rank, spec.size, cfg.elastic.timeout_s)
-    replica = Replica(cfg, rank=spec.rank, size=spec.size, model_dir=spec.resume, device=device)
-    if spec.resume and spec.kind == "core":
-        checkpoint.load_optimizer(replica, spec.resume)
+    replica = Replica(cfg, rank=spec.rank, size=spec.size, device=device)
+    if spec.resume:  # the architecture from cfg.model, the state from the checkpoint
+        checkpoint.load(replica, spec.resume)
     w = ElasticWorker(cfg, replica, member_id=spec.member_id, kind=spec.kind,  # type: ignore[arg-type]
                       store_port=spec.port)  # fmt: skip
     opened.append(w)
@@ -134,7 +135,7 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
             w.leave()
             conn.send(("ok", None))
         elif op == "save":
-            path = checkpoint.save(replica, cmd[1], cfg.model, cmd[2]) if cmd[3] else \
+            path = checkpoint.save(replica, cmd[1], cmd[2]) if cmd[3] else \
                 checkpoint.save_model(replica, cmd[1], cfg.model)  # fmt: skip
             conn.send(("ok", str(path) if path else None))
         elif op == "hash":
@@ -154,10 +155,9 @@ def _count(w: Any, samples: list[Any]) -> int | None:
     """FSDP ranks of one replica agree on the number of forward passes."""
     if w.size == 1:
         return None
-    from libra.trainer.grpo import plan_micro_batches
+    from libra.trainer.grpo import passes
 
-    n = len(plan_micro_batches(samples, w.cfg.grpo.micro_batch_tokens))
-    return int(w.replica.intra_max(n))
+    return int(w.replica.intra_max(passes(samples, w.cfg.grpo)))
 
 
 __all__ = ["WorkerSpec", "main"]

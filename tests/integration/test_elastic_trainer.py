@@ -148,9 +148,8 @@ def test_trainer_steps_joins_leaves_saves_weights_and_resumes(tiny_model, engine
         expected_hash = trainer.state_hashes()["core0"]
     finally:
         trainer.close()
-    assert (Path(ckpt) / "model.safetensors").is_file() and (
-        Path(ckpt) / "tokenizer.json"
-    ).is_file()
+    # sharded trainer state, not a model folder (save_weights writes those)
+    assert (Path(ckpt) / ".metadata").is_file() and not list(Path(ckpt).glob("*.safetensors"))
     resumed = ElasticTrainer(cfg, resume=ckpt)
     try:
         resumed.start()

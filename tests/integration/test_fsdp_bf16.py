@@ -36,19 +36,20 @@ def _rank(rank: int, folder: str, port: int, out: str) -> None:
             model = load_model(folder)
             parallelize(model, replica_mesh(CPU, 2), TrainerConfig(model=folder, dtype=dtype))
             seen: set[torch.dtype] = set()
-            hooks = [m.register_forward_pre_hook(lambda m, a: seen.add(m.weight.dtype))
+
+            def record(m: torch.nn.Module, args: object, seen: set = seen) -> None:
+                seen.add(m.weight.dtype)  # type: ignore[arg-type]
+
+            hooks = [m.register_forward_pre_hook(record)
                      for m in model.modules() if isinstance(m, torch.nn.Linear)]  # fmt: skip
             cfg = GRPOConfig(micro_batch_tokens=10_000, logprob_chunk_tokens=7)
             grpo.backward(model, batch, cfg, dtype=dtype)
             for h in hooks:
                 h.remove()
             shards = {p.grad.to_local().dtype for p in model.parameters()}  # type: ignore[union-attr]
-            result[dtype] = (
-                torch.cat([p.grad.full_tensor().reshape(-1)  # type: ignore[union-attr]
-                           for p in model.parameters()]),  # fmt: skip
-                seen,
-                shards | {p.to_local().dtype for p in model.parameters()},  # type: ignore[operator]
-            )
+            full = [p.grad.full_tensor().reshape(-1) for p in model.parameters()]  # type: ignore[union-attr]
+            local = {p.to_local().dtype for p in model.parameters()}  # type: ignore[operator]
+            result[dtype] = (torch.cat(full), seen, shards | local)
         if rank == 0:
             torch.save(result, out)
     finally:

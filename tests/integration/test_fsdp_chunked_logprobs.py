@@ -2,7 +2,8 @@
 outside the root module's forward, on the weight the root left unsharded, so its
 gradient must still reach the reduce-scatter. The full gradients of the chunked pass
 equal those of the whole-logits pass (tied embeddings: the head's weight is the
-embedding's)."""
+embedding's), and so do those of a packed pass (`grpo.packing`: each rank's samples in
+one row)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,12 @@ def _rank(rank: int, folder: str, port: int, out: str) -> None:
         parallelize(model, init_device_mesh("cpu", (2,)), TrainerConfig(model=folder))
         batch = samples(6, 3)[rank::2]
         grads = {}
-        for chunk in (0, 7):
+        for chunk, packing in ((0, False), (7, False), (7, True)):
             model.zero_grad(set_to_none=False)
-            cfg = GRPOConfig(micro_batch_tokens=10_000, logprob_chunk_tokens=chunk)
+            cfg = GRPOConfig(micro_batch_tokens=10_000, logprob_chunk_tokens=chunk,
+                             packing=packing)  # fmt: skip
             grpo.backward(model, batch, cfg)
-            grads[chunk] = torch.cat([p.grad.full_tensor().reshape(-1)  # type: ignore[union-attr]
+            grads[chunk, packing] = torch.cat([p.grad.full_tensor().reshape(-1)  # type: ignore[union-attr]
                                       for p in model.parameters()])  # fmt: skip
         if rank == 0:
             torch.save(grads, out)
@@ -54,6 +56,7 @@ def test_chunked_logprobs_give_the_same_gradients_under_fsdp(tmp_path: Path) -> 
     out = tmp_path / "grads.pt"
     mp.spawn(_rank, args=(str(folder), free_port(), str(out)), nprocs=2)
     grads = torch.load(out)
-    whole, chunked = grads[0], grads[7]
+    whole, chunked, packed = grads[0, False], grads[7, False], grads[7, True]
     assert whole.norm() > 0
     assert (chunked - whole).norm() / whole.norm() < 1e-5
+    assert (packed - whole).norm() / whole.norm() < 1e-5

@@ -135,7 +135,8 @@ def test_train_interrupt_resume_and_report(tmp_path: Path) -> None:
     state = orjson.loads((out / "state.json").read_bytes())
     stopped_at = state["version"]
     assert stopped_at >= 1
-    assert (out / "checkpoint" / "config.json").is_file()
+    assert (out / "checkpoint" / "trainer_state.json").is_file()  # sharded trainer state
+    assert (out / "model" / "config.json").is_file()  # the weights at Ctrl-C, to serve
 
     # 2. the same command resumes from the checkpoint and finishes, here with its episodes
     # in two rollout workers (`rollout.workers` may change on resume), one of which is

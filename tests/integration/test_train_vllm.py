@@ -16,7 +16,6 @@ vLLM interpreter fails instead of skipping).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -171,9 +170,11 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
     stopped_at = orjson.loads((out / "state.json").read_bytes())["version"]
     assert 1 <= stopped_at < 4
     # weights went by broadcast (the default): no folder per step; the checkpoint holds
-    # the last version published (the resumed run overwrites it: keep a copy)
+    # the last version published (the resumed run overwrites it: keep it as an HF folder)
     assert not (out / "weights").exists()
-    shutil.copytree(out / "checkpoint", tmp_path / f"checkpoint-v{stopped_at}")
+    from libra.trainer.checkpoint import export_model
+
+    export_model(out / "checkpoint", tmp_path / f"checkpoint-v{stopped_at}", out / "base")
 
     # 2. the same command resumes to the end, here with weights through folders on disk
     done = subprocess.run(

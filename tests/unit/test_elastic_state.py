@@ -1,6 +1,7 @@
 """Replica state carried whole, in one process: a donor streams its state over loopback
 while a joiner buffers averaged gradients and then replays them (threads, no process
-groups); a checkpoint round trip. Both carry Adam's step count, which lags the update
+groups); checkpoints in one process (the sharded ones across replica sizes:
+tests/integration/test_checkpoint_reshard.py). Both carry Adam's step count, which lags the update
 count after updates nobody trained on."""
 
 from __future__ import annotations
@@ -94,16 +95,58 @@ def test_buffer_bound_is_memory_and_names_the_setting(cfg):
     assert tiny.max_queue == 1
 
 
-def test_checkpoint_round_trip_keeps_adam_step(cfg, tmp_path):
-    from libra.trainer.checkpoint import load_optimizer, save
-
+def _trained(cfg: TrainerConfig) -> Replica:
     r = Replica(cfg)
     r.apply(_grad(r, 0), 10, sumsq(_grad(r, 0)))
     r.apply(_grad(r, 1), 0, 0.0)
     r.apply(_grad(r, 2), 5, sumsq(_grad(r, 2)))
-    folder = save(r, tmp_path / "ckpt", cfg.model, {"version": 3})
-    assert folder is not None
-    back = Replica(cfg, model_dir=folder)
-    load_optimizer(back, folder)
+    return r
+
+
+def test_checkpoint_round_trip_keeps_adam_step(cfg, tmp_path):
+    from libra.trainer.checkpoint import export_model, load, read_meta, save
+    from libra.trainer.model import load_model
+
+    r = _trained(cfg)
+    folder = save(r, tmp_path / "ckpt", {"version": 3})
+    assert folder is not None and not list(folder.glob("*.safetensors"))  # shards only
+    assert read_meta(folder) == {"version": 3, "updates": 3, "adam_step": 2.0}
+    back = Replica(cfg)
+    load(back, folder)
     assert (back.updates, back.adam_step) == (3, 2.0)
     assert back.state_hash() == r.state_hash()
+    # saving again replaces the folder; an HF folder is made from it on demand
+    r.apply(_grad(r, 3), 5, sumsq(_grad(r, 3)))
+    save(r, folder, {"version": 4})
+    model = load_model(export_model(folder, tmp_path / "hf", cfg.model))
+    assert all(torch.equal(a, b) for a, b in
+               zip(model.parameters(), r.model.parameters(), strict=True))  # fmt: skip
+
+
+def test_a_checkpoint_of_the_earlier_layout_still_loads(cfg, tmp_path):
+    import json
+
+    from libra.trainer.checkpoint import full_state, load
+    from libra.trainer.model import tied_keys, write_folder
+
+    r = _trained(cfg)
+    folder = write_folder(full_state(r), cfg.model, tmp_path / "old", tied_keys(r.model))
+    st = r.optimizer.state
+    opt: dict = {n: {k: st[p][k].clone() for k in ("exp_avg", "exp_avg_sq")}
+                 for n, p in r.model.named_parameters()}  # fmt: skip
+    torch.save({**opt, "__adam_step__": r.adam_step}, folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({"version": 3, "updates": 3}))
+    back = Replica(cfg)
+    load(back, folder)
+    assert back.state_hash() == r.state_hash()
+
+
+def test_a_folder_that_is_not_a_checkpoint_says_so(cfg, tmp_path):
+    from libra.errors import ConfigError
+    from libra.trainer.checkpoint import check
+
+    with pytest.raises(ConfigError, match="not a trainer checkpoint"):
+        check(cfg.model)
+    (tmp_path / "trainer_state.json").write_text('{"version": 1, "updates": 1}')
+    with pytest.raises(ConfigError, match="no shards"):
+        check(tmp_path)

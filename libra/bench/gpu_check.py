@@ -1,0 +1,227 @@
+"""The trainer on one device, end to end: what `scripts/gpu-check.sh` runs on a GPU.
+
+One rank of the elastic trainer's own code (`Replica`, `grpo.backward`,
+`Replica.apply`, `checkpoint.save` / `load`) on `--device` (`cuda`: one GPU, NCCL
+backend; `cpu`: what CI runs, at a tiny shape):
+
+1. a Qwen3-architecture model built from a config with random weights (nothing is
+   downloaded; default: about 0.5B parameters, Qwen2-0.5B's widths, a 32k vocabulary);
+2. `--steps` GRPO steps in bfloat16 (float32 master weights and Adam state) over a
+   batch of log-uniform lengths, packed (`grpo.packing`), log-probs in chunks; per step
+   tokens/s, model FLOP utilisation (6 x parameters x tokens plus causal attention over
+   the device's peak `--peak-tflops`), and peak device memory;
+3. a DCP checkpoint saved and loaded into a fresh replica: the state hash must match;
+4. one step's loss on a tiny float32 model, on the CPU and on `--device`, from the same
+   weights and batch: the relative difference of the summed loss and of the gradient.
+
+Prints one JSON document; every figure is measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=65536, help="tokens per step (about)")
+    p.add_argument("--min-len", type=int, default=256)
+    p.add_argument("--max-len", type=int, default=8192)
+    p.add_argument("--budget", type=int, default=16384, help="grpo.micro_batch_tokens")
+    p.add_argument("--chunk", type=int, default=1024, help="grpo.logprob_chunk_tokens")
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--hidden", type=int, default=896)
+    p.add_argument("--intermediate", type=int, default=4864)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--no-packing", action="store_true", help="padded micro-batches instead")
+    p.add_argument("--checkpointing", action="store_true",
+                   help="trainer.activation_checkpointing")  # fmt: skip
+    p.add_argument("--peak-tflops", type=float, default=989.0,
+                   help="the device's dense bf16 peak (H100/H200 SXM: 989)")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from libra.trainer.device import CPU, cuda
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here (--device cpu runs on CPU)")
+    device = cuda(0) if args.device == "cuda" else CPU
+    with tempfile.TemporaryDirectory(prefix="libra-gpu-check-") as tmp:
+        root = Path(tmp)
+        shape = _shape(args)
+        out: dict[str, Any] = {
+            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "shape": shape,
+        }
+        out["train"] = _train(args, device, _model(root / "model", shape))
+        tiny = {**shape, "hidden": 64, "intermediate": 128, "layers": 2, "heads": 4,
+                "kv_heads": 2, "head_dim": 16, "vocab": 512}  # fmt: skip
+        out["cpu_vs_device"] = _compare(device, _model(root / "tiny", tiny))
+    return out
+
+
+def _shape(args: argparse.Namespace) -> dict[str, int]:
+    keys = ("vocab", "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _model(folder: Path, shape: dict[str, int]) -> Path:
+    """A Qwen3 model folder with random weights (float32 on disk, as `load_model` reads)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+        head_dim=shape["head_dim"], max_position_embeddings=32768, tie_word_embeddings=True,
+        use_cache=False,
+    )  # fmt: skip
+    Qwen3ForCausalLM(cfg).float().save_pretrained(folder)
+    return folder
+
+
+def _samples(total: int, lo: int, hi: int, vocab: int, seed: int) -> list[Any]:
+    """Log-uniform lengths adding up to about `total`; an eighth of each is prompt."""
+    from libra.trainer.samples import Sample
+
+    rng = random.Random(seed)
+    lengths: list[int] = []
+    while sum(lengths) < total:
+        lengths.append(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+    out = []
+    for i, n in enumerate(lengths):
+        p = max(1, n // 8)
+        ids = [rng.randrange(vocab) for _ in range(n)]
+        logps = [-rng.uniform(0.1, 3.0) for _ in range(n - p)]
+        out.append(Sample(ids, p, [1] * (n - p), logps, 1.0 if i % 2 else -1.0, 0))
+    return out
+
+
+def _trainer_cfg(folder: Path, args: argparse.Namespace | None, dtype: str) -> Any:
+    from libra.trainer.config import TrainerConfig
+
+    grpo: dict[str, Any] = {}
+    if args is not None:
+        grpo = {"micro_batch_tokens": args.budget, "logprob_chunk_tokens": args.chunk,
+                "packing": not args.no_packing}  # fmt: skip
+    ckpt = bool(args and args.checkpointing)
+    return TrainerConfig(model=str(folder), dtype=dtype, grpo=grpo,
+                         activation_checkpointing=ckpt)  # fmt: skip
+
+
+def _step(replica: Any, samples: list[Any]) -> tuple[float, int]:
+    """One GRPO update on `samples`: (summed loss, loss tokens)."""
+    import torch
+
+    from libra.trainer import grpo
+    from libra.trainer.replica import sumsq
+
+    cfg = replica.cfg
+    stats = grpo.backward(replica.model, samples, cfg.grpo, dtype=cfg.dtype, device=replica.device)
+    flat = torch.zeros(replica.grad_numel, device=replica.device.torch)
+    replica.pack_grads(flat)
+    replica.apply(flat, stats.tokens, sumsq(flat))
+    return stats.metrics["loss"], stats.tokens
+
+
+def _train(args: argparse.Namespace, device: Any, folder: Path) -> dict[str, Any]:
+    import torch
+
+    from libra.trainer import checkpoint
+    from libra.trainer.replica import Replica
+
+    cuda = device.type == "cuda"
+    replica = Replica(_trainer_cfg(folder, args, "bfloat16"), device=device)
+    params = sum(p.numel() for p in replica.params)
+    layers, width = args.layers, args.heads * args.head_dim
+    steps = []
+    for k in range(args.steps):
+        samples = _samples(args.tokens, args.min_len, args.max_len, args.vocab, seed=k)
+        tokens = sum(s.length for s in samples)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        loss, loss_tokens = _step(replica, samples)
+        if cuda:
+            torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+        # forward + backward: 6 flops per parameter and token, plus causal attention
+        # (QK^T and AV, 4 x width per query-key pair, x3 for the backward)
+        pairs = sum(s.length * (s.length + 1) / 2 for s in samples)
+        flops = 6 * params * tokens + 12 * layers * width * pairs
+        steps.append({
+            "step": k,
+            "tokens": tokens,
+            "samples": len(samples),
+            "seconds": round(took, 3),
+            "tokens_per_s": round(tokens / took),
+            "mfu": round(flops / took / (args.peak_tflops * 1e12), 4) if cuda else None,
+            "peak_memory_gib": (
+                round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
+            ),
+            "loss_per_token": round(loss / max(loss_tokens, 1), 6),
+        })  # fmt: skip
+    ckpt = folder.parent / "ckpt"
+    t0 = time.perf_counter()
+    checkpoint.save(replica, ckpt, {"version": args.steps})
+    saved_s = time.perf_counter() - t0
+    again = Replica(_trainer_cfg(folder, args, "bfloat16"), device=device)
+    t0 = time.perf_counter()
+    checkpoint.load(again, ckpt)
+    loaded_s = time.perf_counter() - t0
+    return {
+        "params_m": round(params / 1e6, 1),
+        "packing": not args.no_packing,
+        "activation_checkpointing": args.checkpointing,
+        "steps": steps,
+        "dcp": {
+            "save_s": round(saved_s, 2),
+            "load_s": round(loaded_s, 2),
+            "state_hash_equal": again.state_hash() == replica.state_hash(),
+            "bytes": sum(f.stat().st_size for f in ckpt.iterdir()),
+        },
+    }
+
+
+def _compare(device: Any, folder: Path) -> dict[str, Any]:
+    """One float32 step's loss and gradient on the CPU and on `device`."""
+    import torch
+
+    from libra.trainer import grpo
+    from libra.trainer.device import CPU
+    from libra.trainer.replica import Replica
+
+    samples = _samples(2048, 16, 512, vocab=512, seed=7)
+    out = {}
+    for name, dev in (("cpu", CPU), ("device", device)):
+        replica = Replica(_trainer_cfg(folder, None, "float32"), device=dev)
+        stats = grpo.backward(replica.model, samples, replica.cfg.grpo, device=dev)
+        flat = torch.zeros(replica.grad_numel, device=dev.torch)
+        replica.pack_grads(flat)
+        out[name] = (stats.metrics["loss"], flat.cpu())
+    (l_cpu, g_cpu), (l_dev, g_dev) = out["cpu"], out["device"]
+    return {
+        "loss_cpu": l_cpu,
+        "loss_device": l_dev,
+        "loss_rel_diff": abs(l_dev - l_cpu) / max(abs(l_cpu), 1e-12),
+        "grad_rel_diff": float((g_dev - g_cpu).norm() / g_cpu.norm().clamp_min(1e-12)),
+    }
+
+
+__all__ = ["add_arguments", "run"]
