@@ -35,12 +35,22 @@ class TrainConfig:
     micro_batch_tokens: int
     zero: int = 0
     """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 (FSDP) also weights."""
+    shard: int = 0
+    """Data-parallel ranks one ZeRO shard group spans; 0: all `dp` of them. Below `dp`
+    it is hybrid sharding (HSDP): state sharded inside groups of `shard` ranks and
+    replicated across the `dp / shard` groups, as Libra's elastic trainer runs it
+    (FSDP2 inside a replica of `shard` ranks, gradients all-reduced across replicas)."""
     recompute: bool = False
     """Full activation recomputation."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks the ZeRO-sharded state is divided over."""
+        return self.shard or self.dp
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self) | {"gpus": self.gpus}
@@ -127,6 +137,8 @@ def config_valid(model: ModelProfile, hw: HardwareProfile, cfg: TrainConfig) -> 
         return False
     if cfg.ep > 1 and (not model.is_moe or model.experts % cfg.ep or cfg.dp % cfg.ep):
         return False
+    if cfg.shard < 0 or (cfg.shard and (cfg.dp % cfg.shard or cfg.shard % cfg.ep)):
+        return False
     return cfg.zero in (0, 1, 2, 3)
 
 
@@ -167,8 +179,8 @@ def train_memory(
     s = settings or _DEFAULT
     expert = model.expert_params_total
     dense = model.params_total - expert
-    shard_dense = cfg.dp
-    shard_exp = max(1, cfg.dp // cfg.ep)
+    shard_dense = cfg.shard_group
+    shard_exp = max(1, cfg.shard_group // cfg.ep)
     p_dense = dense / (cfg.tp * cfg.pp)
     p_exp = expert / (cfg.tp * cfg.pp * cfg.ep)
 
@@ -226,12 +238,15 @@ def train_step_time(
         hops = (n_mb_all + (cfg.pp - 1) * s.mini_batches) * (2 + fwd_only)
         pp_comm = hops * p2p_time(hw, act / cfg.tp, across_nodes=across)
     # DP: gradient all-reduce per mini-batch (ZeRO 1/2: reduce-scatter + all-gather, the
-    # same volume); ZeRO-3 also all-gathers the weights for every pass of every micro-batch.
+    # same volume; HSDP: a reduce-scatter in the shard group and an all-reduce of the
+    # shard across groups, no more than one all-reduce over dp); ZeRO-3 also all-gathers
+    # the weights, inside the shard group, for every pass of every micro-batch.
     stride = cfg.tp * cfg.pp
     expert = model.expert_params_total
     dense_bytes = (model.params_total - expert) * model.dtype_bytes / (cfg.tp * cfg.pp)
     exp_bytes = expert * model.dtype_bytes / (cfg.tp * cfg.pp * cfg.ep)
     dp_exp = max(1, cfg.dp // cfg.ep)
+    sh, sh_exp = cfg.shard_group, max(1, cfg.shard_group // cfg.ep)
     grads = allreduce_time(hw, dense_bytes, cfg.dp, stride=stride) + allreduce_time(
         hw, exp_bytes, dp_exp, stride=stride * cfg.ep
     )
@@ -239,8 +254,8 @@ def train_step_time(
     if cfg.zero >= 3:
         gathers = n_mb_all * (2 + recomp + fwd_only)
         dp_comm += gathers * (
-            allgather_time(hw, dense_bytes, cfg.dp, stride=stride)
-            + allgather_time(hw, exp_bytes, dp_exp, stride=stride * cfg.ep)
+            allgather_time(hw, dense_bytes, sh, stride=stride)
+            + allgather_time(hw, exp_bytes, sh_exp, stride=stride * cfg.ep)
         )
     if s.overlap_grad_reduce:
         dp_comm = max(0.0, dp_comm - compute * 2 / (3 + recomp + fwd_only))
@@ -252,7 +267,7 @@ def train_step_time(
         cfg.tp * cfg.pp * cfg.ep
     )
     if cfg.zero >= 1:
-        opt_params /= cfg.dp
+        opt_params /= cfg.shard_group
     optimizer = s.mini_batches * 32 * opt_params / (hw.hbm_bandwidth * hw.eff.hbm)
     return TrainCost(
         cfg,

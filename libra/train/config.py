@@ -296,6 +296,13 @@ class TrainConfig(Config):
             )
         if f.devices is not None and f.core_rollout + f.core_train > f.devices:
             raise ValueError("fleet.devices is smaller than core_rollout + core_train")
+        ranks = self.trainer.elastic.replica_ranks
+        if f.kind == "vllm" and f.hybrids and ranks > 1 and f.buckets[0].tp != ranks:
+            raise ValueError(
+                f"trainer.elastic.replica_ranks = {ranks}: a hybrid holds the same devices in "
+                f"both roles (one instance of the first bucket, or one training replica), so "
+                f"the first bucket's tp ({f.buckets[0].tp}) must be {ranks}; or set hybrids = 0"
+            )
         if self.rollout.sampling.temperature <= 0:
             raise ValueError(
                 "rollout.sampling.temperature must be > 0 for training (GRPO needs samples; "

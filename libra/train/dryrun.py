@@ -57,7 +57,9 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
             "gpus": f.vllm.gpus,
         }
         if f.vllm.device == "cuda":
-            doc["plan"] = _gpu_plan(cfg)
+            stats = _workload(cfg)
+            doc["plan"] = _gpu_plan(cfg, stats)
+            doc["replanner"] = _replanner_view(cfg, stats, doc["layout"]["hybrids_start"])
     return doc
 
 
@@ -93,6 +95,7 @@ def layout(cfg: TrainConfig) -> dict[str, Any]:
         "hybrids": f.hybrids,
         "replans": _replans(cfg, core),
         "training_replicas": f.core_train + (f.hybrids if hybrids == "train" else 0),
+        "replica_ranks": cfg.trainer.elastic.replica_ranks,
         "rollout_devices": sum(instances(cfg)) if vllm else None,
         "devices": "cuda" if vllm and f.vllm.device == "cuda" else "cpu",
         "problem": gpu_problem(cfg),
@@ -110,8 +113,9 @@ def _replans(cfg: TrainConfig, core: list[int]) -> list[str]:
     return moves
 
 
-def _gpu_plan(cfg: TrainConfig) -> dict[str, Any]:
-    from libra.planner import WorkloadStats, load_hardware, load_model, plan
+def _workload(cfg: TrainConfig) -> Any:
+    """One step of the generated workload `planner.workload` at the run's batch."""
+    from libra.planner import WorkloadStats
 
     if cfg.planner.hardware == "local":
         raise ConfigError("planner.hardware: a vllm fleet is planned on a GPU profile, not `local`")
@@ -130,7 +134,19 @@ def _gpu_plan(cfg: TrainConfig) -> dict[str, Any]:
     records = workloads.sample(
         cfg.planner.workload, cfg.rollout.batch_groups, cfg.rollout.group_size, seed=cfg.seed
     )
-    stats = WorkloadStats.from_records(records)
+    return WorkloadStats.from_records(records)
+
+
+def _profile(cfg: TrainConfig) -> str:
+    spec = cfg.model.profile or cfg.model.path
+    assert spec is not None  # checked by _workload
+    return spec
+
+
+def _gpu_plan(cfg: TrainConfig, stats: Any) -> dict[str, Any]:
+    from libra.planner import load_hardware, load_model, plan
+
+    spec = _profile(cfg)
     p = plan(
         load_model(spec),
         load_hardware(cfg.planner.hardware),
@@ -159,6 +175,47 @@ def _gpu_plan(cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def _replanner_view(cfg: TrainConfig, stats: Any, start: str) -> dict[str, Any]:
+    """The run's own replanner on the same workload: every assignment of the hybrids
+    (k of them training) in the configured layout, timed with the training the trainer
+    runs (its replicas, their FSDP sharding, recompute, log-prob chunks), and the one a
+    run starts on (`start`: the hybrids in rollout, in training, or the fastest, as
+    `Replanner.initial` picks it)."""
+    from libra.planner import load_hardware, load_model
+    from libra.train.planning import Assignment, Workload, time_assignment
+    from libra.train.setup import fleet_shape, planner_settings
+
+    shape = fleet_shape(cfg)
+    model, hw = load_model(_profile(cfg)), load_hardware(cfg.planner.hardware)
+    work = Workload(rollout=stats, train=stats)
+    settings = planner_settings(cfg)
+    options = []
+    for k in range(shape.hybrids + 1):
+        p = time_assignment(Assignment(k, shape.hybrids, shape.layout), shape, model, hw,
+                            work, settings)  # fmt: skip
+        options.append({
+            "hybrids_training": k,
+            "t_iter_s": p.t_iter,
+            "t_train_s": p.t_train,
+            "t_rollout_s": p.t_rollout,
+            "train": p.train.as_dict(),
+        })  # fmt: skip
+    best = min(options, key=lambda o: (o["t_iter_s"], o["hybrids_training"]))
+    initial = {"rollout": 0, "train": shape.hybrids}.get(start, best["hybrids_training"])
+    r = shape.replica_ranks
+    return {
+        "hardware": hw.id,
+        "model": model.id,
+        "replica_ranks": r,
+        "sharding": "FSDP2 (ZeRO-3) inside each replica" if r > 1 else "none (ZeRO-0)",
+        "dtype": cfg.trainer.dtype,
+        "recompute": shape.recompute,
+        "options": options,
+        "initial": initial,
+        "fastest": best["hybrids_training"],
+    }
+
+
 def render(doc: dict[str, Any]) -> str:
     f, lay = doc["fleet"], doc["layout"]
     lines = [
@@ -185,11 +242,49 @@ def render(doc: dict[str, Any]) -> str:
                 f"{b['instances']} x TP{b['tp']} (<= {b['bound']:,} tokens)" for b in m["buckets"]
             ),
         ]
+        lines += _replanner_lines(doc["replanner"])
     else:
         hw = doc["planner"]["hardware"]
         where = "the measured `local` profile" if hw == "local" else f"the profile {hw}"
         lines.append(f"first plan: made at start on {where} and the demonstrations")
     return "\n".join(lines)
+
+
+def _replanner_lines(view: dict[str, Any]) -> list[str]:
+    r = view["replica_ranks"]
+    ranks = f"{r} ranks each, {view['sharding']}" if r > 1 else "1 rank each, unsharded"
+    opts = view["options"]
+    who = "the run's replanner times its layout" if len(opts) > 1 else \
+        "the planner times the run's layout"  # fmt: skip
+    lines = [
+        f"{who} on {view['hardware']} for {view['model']} (the same "
+        f"workload; training as the trainer runs it: replicas of {ranks}, {view['dtype']}, "
+        f"recompute {'on' if view['recompute'] else 'off'}):",
+    ]
+    shown = opts if len(opts) <= 7 else sorted(
+        {0, view["initial"], len(opts) - 1} | {max(view["initial"] - 1, 0)}
+        | {min(view["initial"] + 1, len(opts) - 1)}
+    )  # fmt: skip
+    for o in (opts[i] for i in shown) if len(opts) > 7 else opts:
+        t = o["train"]
+        replicas = t["dp"] // r
+        mark = ""
+        if len(opts) > 1 and o["hybrids_training"] == view["initial"]:
+            mark = "  <- the run starts here"
+        k = f"{o['hybrids_training']} hybrids training, " if len(opts) > 1 else ""
+        lines.append(
+            f"  {k}{replicas} replica{'s' * (replicas != 1)} on {t['gpus']} devices "
+            f"({t['memory_gib']:g} GiB/device): "
+            f"t_iter {_secs(o['t_iter_s'])} (train {_secs(o['t_train_s'])}, rollout "
+            f"{_secs(o['t_rollout_s'])}){mark}"
+        )
+    if len(opts) > 7:
+        lines.append(f"  ({len(opts) - len(shown)} more assignments in --json)")
+    return lines
+
+
+def _secs(x: float) -> str:
+    return "does not fit" if x == float("inf") else f"{x:.1f} s"
 
 
 def _replan_line(planner: dict[str, Any], moves: list[str]) -> str:
@@ -217,9 +312,10 @@ def _layout_lines(lay: dict[str, Any], vllm: dict[str, Any] | None) -> list[str]
         "train": "; the hybrids start in training",
         "plan": "; the planner places the hybrids at start, on the demonstrations",
     }[lay["hybrids_start"]]
-    n = lay["training_replicas"]
+    n, r = lay["training_replicas"], lay["replica_ranks"]
+    ranks = f" of {r} ranks" if r > 1 else ""
     out.append(
-        f"  training: {n} replica{'s' * (n != 1)} on this host's CPUs (the trainer is "
+        f"  training: {n} replica{'s' * (n != 1)}{ranks} on this host's CPUs (the trainer is "
         f"CPU-only){start if lay['hybrids'] else ''}"
     )
     if vllm and vllm["device"] == "cuda":

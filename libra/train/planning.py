@@ -6,9 +6,11 @@ hybrids. An *assignment* is how many hybrids train (k of H); the rest serve roll
 assignment is a `Plan` of the global planner's cost model (`libra.planner`), timed on the
 workload just measured:
 
-- training: `evaluate_train` of data parallelism `core_train + k` (one device per replica,
-  the trainer's micro-batch, its log-prob chunk and activation checkpointing; `zero=0`:
-  every replica holds the whole state);
+- training: `evaluate_train` of `core_train + k` replicas of `replica_ranks` devices
+  each, as the elastic trainer runs them: one rank per device, a replica of several
+  ranks sharded with FSDP2 (ZeRO-3 inside the replica, replicated across replicas:
+  `TrainConfig.shard`), a one-rank replica holding the whole state (ZeRO-0); the
+  trainer's micro-batch, its log-prob chunk and activation checkpointing;
 - rollout: `evaluate_rollout` of the core instances plus `H - k` hybrid instances (at
   the first bucket's TP size), lengths assigned to them by the planner's dynamic program;
 - asynchronous RL: t_iter = max(t_rollout, t_train).
@@ -89,6 +91,9 @@ class FleetShape:
     recompute: bool = False
     """The trainer recomputes each decoder layer in the backward
     (`trainer.activation_checkpointing`)."""
+    replica_ranks: int = 1
+    """Devices (ranks) of one training replica (`trainer.elastic.replica_ranks`); a
+    hybrid counts the devices of the replica it becomes."""
 
     @property
     def core_devices(self) -> int:
@@ -98,7 +103,15 @@ class FleetShape:
 
     @property
     def devices(self) -> int:
-        return self.core_devices + self.core_train + self.hybrids
+        return self.core_devices + (self.core_train + self.hybrids) * self.replica_ranks
+
+    def train_config(self, replicas: int, micro_batch_tokens: int) -> TrainConfig:
+        """The training parallelism `replicas` replicas run (module doc)."""
+        r = self.replica_ranks
+        return TrainConfig(
+            tp=1, pp=1, dp=replicas * r, zero=3 if r > 1 else 0, shard=r if r > 1 else 0,
+            micro_batch_tokens=micro_batch_tokens, recompute=self.recompute,
+        )  # fmt: skip
 
     def mix(self, a: Assignment) -> dict[int, int]:
         """Instances per TP size of assignment `a` (core layout plus rollout hybrids)."""
@@ -165,8 +178,7 @@ def time_assignment(
 ) -> Plan:
     """Assignment `a` as a `Plan` of the cost model, timed on one step's work."""
     mbt = max(shape.micro_batch_tokens, work.train.max_total)
-    cfg = TrainConfig(tp=1, pp=1, dp=shape.core_train + a.train, micro_batch_tokens=mbt,
-                      recompute=shape.recompute)  # fmt: skip
+    cfg = shape.train_config(shape.core_train + a.train, mbt)
     train = evaluate_train(model, hw, work.train, cfg, settings)
     rollout = evaluate_rollout(model, hw, work.rollout, shape.mix(a), settings)
     return Plan(

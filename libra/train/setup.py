@@ -164,13 +164,23 @@ def planner_settings(cfg: TrainConfig) -> PlannerSettings:
                     "max_num_seqs": cfg.fleet.engine_max_num_seqs,
                 }
             ),
-            # what the trainer runs: log-probs in chunks (or whole, at 0)
-            "train": s.train.model_copy(update={"max_pp": 1, "logprob_chunk_tokens": chunk}),
+            # what the trainer runs: log-probs in chunks (or whole, at 0); a reference
+            # model only with a KL term; the old log-probs' pass only with several updates
+            "train": s.train.model_copy(
+                update={
+                    "max_pp": 1,
+                    "logprob_chunk_tokens": chunk,
+                    "ref_model": cfg.trainer.grpo.kl_coef > 0,
+                    "recompute_old_logprobs": cfg.trainer.grpo.minibatches > 1,
+                    "mini_batches": cfg.trainer.grpo.minibatches,
+                }
+            ),
         }
     )
 
 
-def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Replanner | None:
+def fleet_shape(cfg: TrainConfig) -> FleetShape:
+    """The fleet as the run's replanner sees it."""
     f = cfg.fleet
     # vLLM fleets whose buckets differ in TP size may also change the core layout
     # (instances per bucket, at least one each); embedded engines are TP 1 whatever the
@@ -178,7 +188,7 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
     names = [b.name for b in f.buckets]
     start = [sum(names[i % len(names)] == b for i in range(f.core_rollout)) for b in names]
     relayout = f.kind == "vllm" and len({b.tp for b in f.buckets}) > 1 and all(start)
-    shape = FleetShape(
+    return FleetShape(
         f.core_rollout,
         f.core_train,
         f.hybrids,
@@ -187,8 +197,13 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
         recompute=cfg.trainer.activation_checkpointing,
         buckets=tuple((b.name, b.tp) for b in f.buckets) if relayout else (),
         layout=tuple(start) if relayout else (),
+        replica_ranks=cfg.trainer.elastic.replica_ranks,
     )
-    if f.hybrids == 0 and len(layouts(shape)) < 2:
+
+
+def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Replanner | None:
+    shape = fleet_shape(cfg)
+    if shape.hybrids == 0 and len(layouts(shape)) < 2:
         return None
     model = load_model(cfg.model.profile or str(model_dir))
     return Replanner(
@@ -197,7 +212,7 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
         hw,
         planner_settings(cfg),
         ReplanPolicy(cfg.planner.replan),
-        Assignment(0, f.hybrids, shape.layout),
+        Assignment(0, shape.hybrids, shape.layout),
     )
 
 
@@ -260,6 +275,7 @@ def summarize(
         "wall_s": wall_s,
         "cpu_s": cpu_s,
         "checkpoint": str(out / "checkpoint") if (out / "checkpoint").is_dir() else None,
+        "model": str(out / "model") if (out / "model").is_dir() else None,
         "plots": [str(p) for p in plots],
     }
 

@@ -181,6 +181,31 @@ def test_zero_stages_shard_memory_in_order():
     assert mems[0] - mems[1] == pytest.approx(12 * per_gpu_params * 7 / 8, rel=1e-6)
 
 
+def test_hybrid_sharding_divides_state_by_the_shard_group_only():
+    """HSDP (Libra's replicas: FSDP2 inside a replica of `shard` ranks, replicated across
+    replicas) holds the state of ZeRO-3 over `shard` ranks, whatever dp is; its weight
+    gathers stay inside the group; shard = dp is plain ZeRO-3."""
+    from libra.planner.settings import TrainSettings
+
+    m = load_model("qwen3-14b")
+    base: dict = {"tp": 1, "pp": 1, "micro_batch_tokens": 16384, "zero": 3, "recompute": True}
+    s = TrainSettings(ref_model=False)
+    four = train_memory(m, A800, TrainConfig(dp=4, **base), WL, s)
+    hsdp = train_memory(m, A800, TrainConfig(dp=16, shard=4, **base), WL, s)
+    full = train_memory(m, A800, TrainConfig(dp=16, **base), WL, s)
+    # the same state per GPU as ZeRO-3 over 4 (16 bytes per parameter: bf16 weights
+    # and gradients, Adam's 12); activations follow dp's share of the tokens
+    states = 16 * m.params_total
+    assert hsdp - full == pytest.approx(states / 4 - states / 16, rel=1e-3)
+    assert four > hsdp  # dp = 4 ranks each hold 4x the tokens' activations
+    assert train_memory(m, A800, TrainConfig(dp=16, shard=16, **base), WL, s) == full
+    s = TrainSettings(ref_model=False, logprob_chunk_tokens=1024)
+    t_hsdp = train_step_time(m, A800, TrainConfig(dp=16, shard=4, **base), WL, s)
+    t_full = train_step_time(m, A800, TrainConfig(dp=16, **base), WL, s)
+    assert t_hsdp.fits and t_hsdp.dp_comm_s < t_full.dp_comm_s  # gathers inside a node
+    assert not train_step_time(m, A800, TrainConfig(dp=16, shard=3, **base), WL, s).fits
+
+
 def test_chunked_logprobs_hold_one_chunk_of_logits():
     """A trainer that computes log-probs in chunks (Libra's, `logprob_chunk_tokens`)
     holds one chunk's float32 logits instead of the micro-batch's; a chunk as large as
