@@ -162,16 +162,36 @@ class Replanner(Fixed):
         return out
 
     def initial_layout(self) -> Layout:
-        """The candidate (`options`, first) the cost model predicts to finish the run
-        soonest on the first batch (`Plan.run_s`: a pipelined plan also pays the end it
-        cannot overlap); ties keep the one listed first."""
-        options = self.options(self.sim.env.initial, 0, first=True)
-        steps = self.sim.env.cfg.steps
+        """The start, chosen the way the static baselines choose theirs: by pilot runs
+        (`libra.sim.search.pilot`: the first batches simulated on the layout, fixed).
+        The candidates are the planner's (`options`, first) and the static layouts the
+        baselines' searches keep (the fastest disaggregated and colocated ones, memoised
+        on the run's `Env`): a policy that can choose any static split starts on the
+        one that runs fastest, not on the one its cost model ranks first (the model's
+        errors on a layout it has not run are what cost Libra cells, docs/simulation.md).
+        Ties keep the planner's candidate listed first."""
+        from libra.sim import search  # it simulates, so it imports the simulation
 
-        def run_s(layout: Layout) -> float:
-            return layout.plan.run_s(steps) if layout.plan is not None else math.inf
-
-        best = min(options, key=run_s)
+        env = self.sim.env
+        oracle = self.spec.routing == "oracle"
+        known: list[tuple[float, Layout]] = []
+        for colocated in (False, True):
+            try:
+                found = search.best_static(env, colocated=colocated)
+            except ConfigError:
+                continue  # no static layout of this kind serves the batch
+            known.append((found.pilot_s, found.best))
+        bound = min((s for s, _ in known), default=math.inf)
+        timed: list[tuple[float, Layout]] = []
+        for layout in self.options(env.initial, 0, first=True):
+            s = search.pilot(env, layout, oracle=oracle, bound=bound)
+            timed.append((s, layout))
+            bound = min(bound, s)
+        # a static layout's pilot with oracle routing is its plain pilot when it has one
+        # bucket (both searches' layouts do), so the times compare
+        best_s, best = min([*timed, *known], key=lambda x: x[0])
+        if not math.isfinite(best_s):
+            best = timed[0][1]  # nothing finished its pilot: the planner's first choice
         self.forecast = (self.key(best), (1.0, 1.0))
         return best
 
@@ -212,10 +232,12 @@ class Replanner(Fixed):
         if self.previous is not None:
             options.append(self.previous)
         now = self.timed(sim.layout, ran, step_scale)
-        timed = [(self.timed(o, self._model(o, stats), step_scale), o) for o in options]
-        best_t, best = min(timed, key=lambda x: x[0].run_s(remaining))
+        replays: dict[Hashable, float] = {}
+        timed = [(*self.predict(o, stats, step, step_scale, signals, replays), o)
+                 for o in options]  # fmt: skip
+        best_t, best_f, best = min(timed, key=lambda x: x[0].run_s(remaining))
         if self.key(best) == self.key(sim.layout):
-            best_t, best = now, sim.layout
+            best_t, best, best_f = now, sim.layout, self.factors(sim.layout, step_scale)
         assert best.plan is not None
         cost = self.cost(ran, best.plan)
         back = self.previous is not None and self.key(best) == self.key(self.previous)
@@ -234,9 +256,42 @@ class Replanner(Fixed):
         if d.apply:
             self.previous = sim.layout
             self.unchecked = True
-            self.forecast = (self.key(best), self.factors(best, step_scale))
+            self.forecast = (self.key(best), best_f)
             sim.apply(best)
             self.settled_at = max(sim.loop.now + self.start_s(best), sim.trainer.stall_until)
+
+    def predict(
+        self, layout: Layout, stats: Any, step: int, step_scale: Scale, signals: Signals,
+        replays: dict[Hashable, float],
+    ) -> tuple[Timed, Scale]:  # fmt: skip
+        """`layout`'s times on the fresh batch and the factors they used. A layout that
+        has run is its model times its own factors; one that has not takes its training
+        the same way (borrowed factors: the training model is close) and its rollout
+        from a replay of the batch just finished (`search.replay`, through a copy of the
+        router as it is now): the measured rollout of that batch times the replay's
+        time on `layout` over its time on the current layout. A mix's model misses
+        routing and queueing (it measured 1.1-2.2x its model, docs/simulation.md); the
+        replay does not, and the ratio keeps what the replay itself leaves out."""
+        model = self._model(layout, stats)
+        factors = self.factors(layout, step_scale)
+        k, cur = self.key(layout), self.key(self.sim.layout)
+        if self.calib.own(k) is not None or k == cur or model.t_rollout <= 0:
+            return Timed.of(model, factors), factors
+        for key, lay in ((cur, self.sim.layout), (k, layout)):
+            if key not in replays:
+                replays[key] = self._replay(lay, step)
+        new, now = replays[k], replays[cur]
+        if not (math.isfinite(now) and now > 0 and signals.rollout_s > 0):
+            return Timed.of(model, factors), factors
+        rollout = signals.rollout_s * new / now  # inf when the replay could not serve it
+        factors = (factors[0], rollout / model.t_rollout)
+        return Timed.of(model, factors), factors
+
+    def _replay(self, layout: Layout, step: int) -> float:
+        from libra.sim import search  # it simulates, so it imports the simulation
+
+        tree = getattr(self.sim.fleet.policy, "tree", None)
+        return search.replay(self.sim.env, layout, step, self.spec.routing, tree)
 
     def _model(self, layout: Layout, stats: Any) -> Any:
         assert layout.plan is not None

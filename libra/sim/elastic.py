@@ -10,9 +10,13 @@ core never waits for it).
 
 At the start of a training step the pool decides how many caught-up hybrids train in
 it: only while training is the bottleneck, i.e. while the step (with the hybrids added
-so far) would take longer than the rollout of the last batch did; the others go back to
-rollout at once. A hybrid in a running step stays until the step ends (a graceful
-leave); one that is not goes back as soon as rollout has work. Going back costs
+so far) would take longer than the rollout of the last batch did, and only those that
+shorten the iteration: a hybrid held in a step holds its GPUs from the next batch's
+rollout until the step ends, so it must save the step more than it slows that rollout
+(`_iteration`); none when the trainer's configuration cannot run the batch (it restarts
+on another, whose replicas they may not form). The others go back to rollout at once.
+A hybrid in a running step stays until the step ends (a graceful leave); one that is
+not goes back as soon as rollout has work. Going back costs
 `hybrid_wake_s`. Every bucket keeps at least one instance, so routing always has
 somewhere to go.
 """
@@ -81,10 +85,22 @@ class HybridPool:
         target = self._rollout_pace()
         stats = sim.env.stats(sim.trained)
         keep: list[Instance] = []
+        rollout_gpus = sim.fleet.gpus("live", "starting", "draining", "lent")
+        now_s = trainer.step_time(stats, 0)
         for inst in ready:
-            if trainer.step_time(stats, sum(i.tp for i in keep)) <= target:
+            # Each kept hybrid must shorten the iteration: the step, and the next
+            # batch's rollout, which runs without the hybrid's GPUs until the step ends
+            # (`_iteration`). None when the configuration cannot run this batch (the
+            # trainer restarts on another, whose replicas the hybrids may not form).
+            if not math.isfinite(now_s) or now_s <= target:
+                break
+            held = sum(i.tp for i in keep) + inst.tp
+            with_it = trainer.step_time(stats, held)
+            before = _iteration(now_s, target, held - inst.tp, rollout_gpus)
+            if not _iteration(with_it, target, held, rollout_gpus) < before:
                 break
             keep.append(inst)
+            now_s = with_it
         for inst in ready[len(keep) :]:
             self._recall(inst, now)
         self.in_step = set(keep)
@@ -98,7 +114,10 @@ class HybridPool:
         pace = self._rollout_pace()
         step = min(sim.trained + (1 if sim.training else 0), sim.steps - 1)
         lent = sum(i.tp for i in trainer.hybrids)
-        return pace > 0 and trainer.step_time(sim.env.stats(step), lent) > pace
+        t = trainer.step_time(sim.env.stats(step), lent)
+        # an infinite time: the configuration cannot run that batch and the trainer will
+        # restart on another; a loan made for it may not fit the new replicas
+        return pace > 0 and math.isfinite(t) and t > pace
 
     def _rollout_pace(self) -> float:
         """How long the last completed batch's rollout took (0 before the first)."""
@@ -132,6 +151,20 @@ class HybridPool:
         wake = sim.env.cfg.hybrid_wake_s
         sim.fleet.reclaim(inst, now + wake)
         sim.reconfig_gpu_s += inst.tp * wake
+
+
+def _iteration(train_s: float, pace: float, held: int, rollout_gpus: int) -> float:
+    """The iteration a step of `train_s` with `held` hybrid GPUs gives: the slower of the
+    step and the next batch's rollout, which (released as the step starts) runs on the
+    other `rollout_gpus - held` GPUs until the step ends, then on all of them; `pace` is
+    that rollout's time on all of them (the last batch's)."""
+    if held <= 0:
+        return max(train_s, pace)
+    if held >= rollout_gpus:
+        return train_s + pace
+    slow = pace * rollout_gpus / (rollout_gpus - held)  # the whole rollout without them
+    rollout = slow if slow <= train_s else pace + train_s * held / rollout_gpus
+    return max(train_s, rollout)
 
 
 __all__ = ["HybridPool"]

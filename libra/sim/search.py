@@ -137,6 +137,34 @@ def pilot(env: Env, layout: Layout, *, oracle: bool = False, bound: float = math
     return t_end[0] + (n - 1) * (t_end[k - 1] - t_end[0]) / (k - 1)
 
 
+def replay(env: Env, layout: Layout, step: int, routing: str, tree: Any = None) -> float:
+    """Seconds batch `step` (one the run has finished: its episodes are known) takes to
+    roll out on `layout`, alone on a fresh cluster, routed by `routing` (C-MLFQ starting
+    from a copy of `tree`, what the run's router has learned; the copy is discarded).
+    The forward model of a rollout layout that has not run: a mix's cost-model time
+    assumes every length runs on the instance type it was assigned, which no router
+    does; the replay routes and queues them as the run would. `inf` if it cannot serve
+    the batch."""
+    import copy
+
+    from libra.sim.cluster import Simulation
+    from libra.sim.episodes import Workload
+
+    sub = Env(
+        env.cfg.model_copy(update={"steps": 1}), env.model, env.hw,
+        Workload(env.workload.name, [env.workload.batch(step)]),
+    )  # fmt: skip
+    sub.max_context = env.max_context  # the run's bucket bounds
+    sim = Simulation(replace(_PILOT, routing=routing), sub, layout)
+    if tree is not None and hasattr(sim.fleet.policy, "tree"):
+        sim.fleet.policy.tree = copy.deepcopy(tree)  # type: ignore[union-attr]
+    sim.steps = 1
+    sim.run()
+    if sim.trained < 1:
+        return math.inf
+    return float(sim.done[0] - sim.released[0])
+
+
 def _predicted(env: Env, layout: Layout) -> float:
     """The cost model's iteration time for `layout` (only to order the pilots)."""
     settings = env.colocated_settings if layout.shared else env.settings
@@ -267,5 +295,6 @@ __all__ = [
     "disaggregated_candidates",
     "neighbours",
     "pilot",
+    "replay",
     "split_unit",
 ]

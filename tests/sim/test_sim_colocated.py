@@ -49,19 +49,19 @@ def test_a_move_to_the_colocated_plan_that_measured_slower_is_reverted(monkeypat
     rollout and training."""
     env = build_env(SimConfig(workload="dapo-math", gpus=24, steps=10, seed=0))
     split = env.planned(env.stats(0), hetero=False, step=0)
-    real_planned, real_timed = Env.planned, Replanner.timed
+    real_planned, real_predict = Env.planned, Replanner.predict
 
     def planned(self, stats, *, hetero, step=None, colocated=False):
         return real_planned(self, stats, hetero=False, step=step, colocated=colocated)
 
-    def timed(self, layout, modelled, step_scale):
-        t = real_timed(self, layout, modelled, step_scale)
+    def predict(self, layout, *args):
+        t, f = real_predict(self, layout, *args)
         if layout.shared and not any(k[-1] for k in self.calib.factors):  # none ran
-            return type(t)(t.t_train / 3, t.t_rollout / 3, t.t_sync, t.sync)
-        return t
+            return type(t)(t.t_train / 3, t.t_rollout / 3, t.t_sync, t.sync), f
+        return t, f
 
     monkeypatch.setattr(Env, "planned", planned)
-    monkeypatch.setattr(Replanner, "timed", timed)
+    monkeypatch.setattr(Replanner, "predict", predict)
     sim = Simulation(SYSTEMS["libra-cmlfq"], env, layout=split)
     sim.run()
     applied = [d for d in sim.decisions if d["apply"]]

@@ -131,21 +131,22 @@ def test_a_change_that_measured_slower_is_reverted(monkeypatch):
     env = build_env(SimConfig(workload="dapo-math", gpus=48, steps=8, seed=0))
     hetero = env.planned(env.stats(0), hetero=True, step=0)
     half = Layout.of_plan(plan(MODEL, HW, env.stats(0), 24), env.max_context)
-    real_planned, real_timed = Env.planned, Replanner.timed
+    real_predict = Replanner.predict
+    first = hetero
 
     def planned(self, stats, *, hetero, step=None, colocated=False):
         if colocated:
             raise ConfigError("the two layouts of this test only")
-        return real_planned(self, stats, hetero=True, step=step) if hetero else half
+        return first if hetero else half  # the same two layouts at every replan
 
-    def timed(self, layout, modelled, step_scale):
-        t = real_timed(self, layout, modelled, step_scale)
+    def predict(self, layout, *args):
+        t, f = real_predict(self, layout, *args)
         if Replanner.key(layout) == Replanner.key(half) and self.calib.own(self.key(half)) is None:
-            return Timed(t.t_train / 3, t.t_rollout / 3)
-        return t
+            return Timed(t.t_train / 3, t.t_rollout / 3), f
+        return t, f
 
     monkeypatch.setattr(Env, "planned", planned)
-    monkeypatch.setattr(Replanner, "timed", timed)
+    monkeypatch.setattr(Replanner, "predict", predict)
     sim = Simulation(SYSTEMS["libra-cmlfq"], env, layout=hetero)
     sim.run()
     applied = [d for d in sim.decisions if d["apply"]]
