@@ -80,6 +80,8 @@ class Simulation:
         self.pending: dict[int, list[Any]] = defaultdict(list)
         self.version = self.trained = self.next_batch = 0
         self.training = False
+        self.train_until = 0.0
+        """When the running training step ends (set as it starts)."""
         self._wake_at = -1.0
         self.reconfig_gpu_s = 0.0
         self.decisions: list[dict[str, Any]] = []
@@ -148,6 +150,7 @@ class Simulation:
             self.pool.on_train_start(now)
         dur, gpus = self.trainer.step(self.env.stats(s), now)
         self.training = True
+        self.train_until = now + dur
         self.t_start[s], self.train_gpus[s] = now, gpus
         self.trainer.busy_gpu_s += dur * gpus
         self.loop.at(now + dur, self._train_end, s)

@@ -4,9 +4,11 @@ A hybrid worker is a rollout instance whose GPUs form whole data-parallel replic
 the core trainer (its TP size a multiple of the trainer's TP x PP). When it runs out of
 work while the rollout side has nothing waiting and no batch may start, it is lent to
 training, if training is the bottleneck (the next step, with the hybrids already lent,
-would take longer than the last batch's rollout did): it fetches a model + optimizer
-snapshot in the background (`Trainer.fetch_s`; until then it contributes nothing and the
-core never waits for it).
+would take longer than the last batch's rollout did), a step is running that ends after
+the hybrid could catch up (it can only train from the next step), and the next step
+would hold it (below): it fetches a model + optimizer snapshot in the background
+(`Trainer.fetch_s`; until then it contributes nothing and the core never waits for it).
+A loan that cannot train costs its GPUs to the episodes still in tool calls.
 
 At the start of a training step the pool decides how many caught-up hybrids train in
 it: only while training is the bottleneck, i.e. while the step (with the hybrids added
@@ -63,8 +65,13 @@ class HybridPool:
             or not self.training_bound()
         ):
             return
-        sim.fleet.lend(inst)
         fetch = sim.trainer.fetch_s()
+        # A loan pays only from the next step on, and only caught up by then: lend while
+        # a step runs that ends after the catch-up (the next starts no sooner), and only
+        # if holding it in that step would shorten the iteration (`on_train_start`).
+        if not sim.training or now + fetch > sim.train_until or not self._would_keep(inst):
+            return
+        sim.fleet.lend(inst)
         sim.trainer.hybrids[inst] = now + fetch
         sim.reconfig_gpu_s += inst.tp * fetch
         self.lent += 1
@@ -106,6 +113,19 @@ class HybridPool:
         self.in_step = set(keep)
         self.trained_with += sum(i.tp // trainer.replica_gpus for i in keep)
         sim.mark()
+
+    def _would_keep(self, inst: Instance) -> bool:
+        """Would the next step, as `on_train_start` judges it, hold `inst` too?"""
+        sim, trainer = self.sim, self.sim.trainer
+        stats = sim.env.stats(min(sim.trained + 1, sim.steps - 1))
+        lent = sum(i.tp for i in trainer.hybrids)
+        before = trainer.step_time(stats, lent)
+        after = trainer.step_time(stats, lent + inst.tp)
+        pace = self._rollout_pace()
+        gpus = sim.fleet.gpus("live", "starting", "draining", "lent")
+        if not (math.isfinite(before) and math.isfinite(after)) or before <= pace:
+            return False
+        return _iteration(after, pace, lent + inst.tp, gpus) < _iteration(before, pace, lent, gpus)
 
     def training_bound(self) -> bool:
         """Would the next training step, with the hybrids already lent, still take

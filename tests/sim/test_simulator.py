@@ -34,8 +34,8 @@ def results():
     return {r["system"]: r for r in out["systems"]}
 
 
-def run(env, name: str) -> Simulation:
-    sim = Simulation(SYSTEMS[name], env)
+def run(env, name: str, layout=None) -> Simulation:
+    sim = Simulation(SYSTEMS[name], env, layout)
     sim.run()
     return sim
 
@@ -161,7 +161,8 @@ def test_elastic_pool_lends_idle_rollout_gpus_to_training():
     cfg = SimConfig(**dict(SMALL, model="qwen3-4b", prompts=16, group=16))
     base = build_env(cfg)
     env = TrainingBound(cfg, base.model, base.hw, base.workload)
-    elastic, fixed = run(env, "libra"), run(env, "libra-cmlfq")
+    starved = env.planned(env.initial, hetero=False)  # Libra would start elsewhere (pilots)
+    elastic, fixed = run(env, "libra", starved), run(env, "libra-cmlfq", starved)
     assert elastic.trainer.config.gpus == fixed.trainer.config.gpus == 2
     assert elastic.pool is not None and elastic.pool.lent > 0
     assert max(elastic.train_gpus) > 2  # steps trained with hybrid replicas
