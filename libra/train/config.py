@@ -297,9 +297,10 @@ class TrainConfig(Config):
         if f.devices is not None and f.core_rollout + f.core_train > f.devices:
             raise ValueError("fleet.devices is smaller than core_rollout + core_train")
         ranks = self.trainer.elastic.replica_ranks
-        if f.kind == "vllm" and f.hybrids and ranks > 1 and f.buckets[0].tp != ranks:
+        gpus = f.kind == "vllm" and f.vllm.device == "cuda"
+        if gpus and f.hybrids and ranks > 1 and f.buckets[0].tp != ranks:
             raise ValueError(
-                f"trainer.elastic.replica_ranks = {ranks}: a hybrid holds the same devices in "
+                f"trainer.elastic.replica_ranks = {ranks}: a hybrid holds the same GPUs in "
                 f"both roles (one instance of the first bucket, or one training replica), so "
                 f"the first bucket's tp ({f.buckets[0].tp}) must be {ranks}; or set hybrids = 0"
             )
