@@ -29,6 +29,8 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from libra.bench.trainer import add_model_arguments
+
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--tokens", type=int, default=65536, help="tokens per step (about)")
@@ -36,12 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=8192)
     p.add_argument("--budget", type=int, default=16384, help="grpo.micro_batch_tokens")
     p.add_argument("--chunk", type=int, default=1024, help="grpo.logprob_chunk_tokens")
-    p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--hidden", type=int, default=896)
-    p.add_argument("--intermediate", type=int, default=4864)
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--heads", type=int, default=14)
-    p.add_argument("--kv-heads", type=int, default=2)
+    add_model_arguments(p)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--no-packing", action="store_true", help="padded micro-batches instead")
     p.add_argument("--checkpointing", action="store_true",

@@ -58,18 +58,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=4096, help="grpo.micro_batch_tokens (rl)")
     p.add_argument("--min-len", type=int, default=128, help="shortest sample (rl)")
     p.add_argument("--max-len", type=int, default=4096, help="longest sample (rl)")
-    p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--hidden", type=int, default=896)
-    p.add_argument("--intermediate", type=int, default=4864)
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--heads", type=int, default=14)
-    p.add_argument("--kv-heads", type=int, default=2)
+    add_model_arguments(p)
     p.add_argument("--chunk", type=int, default=1024, help="grpo.logprob_chunk_tokens")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each variant, round robin; the fastest is reported")  # fmt: skip
     p.add_argument("--variants", default=",".join(DEFAULT),
                    help=f"comma-separated, of {', '.join(VARIANTS)}")  # fmt: skip
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The shape of the model built from a config (default: Qwen2-0.5B's widths with a
+    32k vocabulary); `libra bench gpu-check` takes the same flags."""
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--hidden", type=int, default=896)
+    p.add_argument("--intermediate", type=int, default=4864)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
