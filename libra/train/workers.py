@@ -105,8 +105,11 @@ class Fleet:
 
     async def start(self) -> None:
         """Start and register the engines of every worker in the rollout role, on the
-        current weights."""
+        current weights: their folder, or (weights that live only in the trainer's
+        memory, as when a broadcast run resumes) the start folder, then a transfer."""
         now = self.weights.current
+        if not now.folder:
+            now = self.weights.start_weights()
         rollout = [w for w in self.workers if w.role == "rollout"]
         try:  # one failed start cancels the others (each stops its engine)
             async with asyncio.TaskGroup() as tg:

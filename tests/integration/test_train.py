@@ -164,6 +164,11 @@ def test_train_interrupt_resume_and_report(tmp_path: Path) -> None:
     assert f"resuming run in {out} at step {stopped_at}" in text
     assert re.search(rf"rollout worker \d \(pid {workers[0]}\) exited with -9", text), text
     assert len(re.findall(r"rollout worker \d started", text)) == 3  # two, one replacement
+    # every engine, the resumed run's included, started on this run's model (the weights
+    # the resumed one then gets by broadcast are the checkpoint's), never on another
+    served = [m for f in (out / "logs").glob("engine-*.log")
+              for m in re.findall(r"serving (\S+) on", f.read_text())]  # fmt: skip
+    assert served and all(s.startswith(str(out)) for s in served), served
 
     metrics = rows(out / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, 17))
