@@ -1,14 +1,18 @@
-"""Ray vs local: `libra train` step time with its engines placed by Ray, against the
+"""Ray vs local: `libra train` step time with its workers placed by Ray, against the
 same run on local processes, in one invocation.
 
 A local Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head without CPUs
-and two nodes of one logical CPU each, dashboard off) and the same small run twice per
+and three nodes of one logical CPU each, dashboard off) and the same small run twice per
 round, alternated: `[cluster] backend = "local"` and `backend = "ray"` (two embedded
-engines, one per node; the trainer on this machine; tiny model, `arith`, no warm start,
-the planner fixed). Reported per backend: the median step time over the steps after
-the first (which includes the fleet's start), the engine start times from
-`fleet-started`, and ray ÷ local. On one machine Ray's own processes share the cores:
-the ratio is what placement through Ray costs, not what a cluster gains.
+engines and the core training replica, one per node; tiny model, `arith`, no warm
+start, the planner fixed). Reported per backend: the median step time over the steps
+after the first (which includes the fleet's start), and of its two parts that placement
+touches, the trainer's step (`train_s`) and the weight broadcast (`publish_s`); the
+engine and trainer start times from `fleet-started`; and ray ÷ local for each median.
+The whole step also waits on rollouts, whose length varies from run to run here
+(dynamic sampling redraws groups of equal rewards), so its ratio is the noisiest. On
+one machine Ray's own processes share the cores: the ratios are what placement through
+Ray costs, not what a cluster gains.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "num_cpus": 0, "include_dashboard": False, "object_store_memory": small})  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {"local": [], "ray": []}
     try:
-        for _ in range(2):
+        for _ in range(3):  # two engines and the trainer's replica
             cluster.add_node(num_cpus=1, object_store_memory=small)
         cluster.wait_for_nodes()
         with tempfile.TemporaryDirectory(prefix="libra-bench-ray-") as tmp:
@@ -99,10 +103,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         steps = [s for r in rs for s in r["step_s"][1:]]
         doc[backend] = {
             "step_s_median": round(statistics.median(steps), 3),
+            # the parts placement touches: the trainer's step and the weight broadcast
+            "train_s_median": round(statistics.median(s for r in rs for s in r["train_s"][1:]), 3),
+            "publish_s_median": round(
+                statistics.median(s for r in rs for s in r["publish_s"][1:]), 3
+            ),
             "engine_start_s": [round(s, 2) for r in rs for s in r["engine_start_s"]],
+            "trainer_start_s": [round(r["trainer_start_s"], 2) for r in rs],
             "nodes": sorted({n for r in rs for n in r["nodes"]}),
         }
     doc["ray_over_local"] = round(doc["ray"]["step_s_median"] / doc["local"]["step_s_median"], 3)
+    for part in ("train_s", "publish_s"):
+        doc[f"ray_over_local_{part}"] = round(
+            doc["ray"][f"{part}_median"] / max(doc["local"][f"{part}_median"], 1e-9), 3
+        )
     return doc
 
 
@@ -119,7 +133,10 @@ def _one(out: Path, backend: str, address: str, steps: int) -> dict[str, Any]:
     started = next(e for e in events if e["event"] == "fleet-started")
     return {
         "step_s": [m["step_s"] for m in metrics],
+        "train_s": [m["train_s"] for m in metrics],
+        "publish_s": [m["publish_s"] for m in metrics],
         "engine_start_s": list(started.get("engine_start_s") or []),
+        "trainer_start_s": float(started.get("trainer_start_s") or 0.0),
         "nodes": sorted(set((started.get("nodes") or {}).values())),
     }
 

@@ -14,9 +14,10 @@ class ClusterSection(Config):
     """`[cluster]`: where the run's workers run (docs/cluster.md)."""
 
     backend: Literal["local", "ray"] = "local"
-    """`local`: processes on this machine. `ray`: every rollout engine starts inside a
-    Ray actor, placed through its own placement group on a node with the CPUs (and
-    GPUs) it needs (`pip install 'libra-rl[ray]'`); the trainer stays on this machine."""
+    """`local`: processes on this machine. `ray`: every worker starts inside Ray actors
+    on the cluster's nodes (`pip install 'libra-rl[ray]'`): each rollout engine through
+    its own placement group on a node with the CPUs (and GPUs) it needs, each training
+    replica's ranks together on one node (docs/cluster.md); the driver stays here."""
     address: str = "auto"
     """`ray`: the cluster to join. `auto`: the one `ray start` runs here (or
     `$RAY_ADDRESS`); `HOST:PORT`: its head's GCS address; `ray://HOST:10001`: through
@@ -24,9 +25,12 @@ class ClusterSection(Config):
     engine_cpus: float = Field(1.0, gt=0)
     """`ray`: logical CPUs an embedded engine reserves on its node (it runs
     `fleet.engine_threads` torch threads)."""
+    trainer_cpus: float = Field(1.0, gt=0)
+    """`ray`: logical CPUs one trainer rank reserves on its node (a replica of
+    `trainer.elastic.replica_ranks` ranks reserves that many times this, on one node)."""
     placement_timeout_s: float = Field(300.0, gt=0)
-    """`ray`: how long an engine may wait for a node with its resources before the run
-    stops, naming them."""
+    """`ray`: how long an engine or a training replica may wait for a node with its
+    resources before the run stops, naming them."""
 
     @field_validator("address")
     @classmethod

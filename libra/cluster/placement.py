@@ -15,11 +15,13 @@ Device kinds:
   TP rank to a core); on a small machine several workers share a core.
 - `cpu` without cores: unpinned (embedded engines, the CPU trainer): the OS schedules.
 
-On one machine every slot is on node `local`. With `[cluster] backend = "ray"` the
-placement holds this machine's node (the trainer's replicas run here) and Ray picks a
-node for each engine (`libra.cluster.raylaunch`): the fleet records the slot it got
-(`placed`), so `nodes()` names every worker's node. An engine is one actor with one
-placement-group bundle: a TP instance never spans two nodes.
+On one machine every slot is on node `local`. With `[cluster] backend = "ray"` Ray picks
+a node for each engine and each training replica (`libra.cluster.raylaunch`,
+`libra.train.rayranks`): the placement's node is `CLUSTER_PICKS`, and the run records
+the slot each worker got (`placed`), so `nodes()` names every worker's node; a slot
+already recorded (a hybrid's other role, an engine restarted, `prefer`) is where the
+next start asks to go. An engine is one actor with one placement-group bundle: a TP
+instance never spans two nodes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from typing import Literal
 from libra.errors import ConfigError
 
 DeviceKind = Literal["cuda", "cpu"]
+CLUSTER_PICKS = "ray"
+"""The node of a placement whose workers Ray places: a slot there is not placed yet
+(no node is preferred for it); `placed` records where each one landed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,13 @@ class Placement:
         """`worker`'s engine runs on `slot` (Ray chose its node and devices)."""
         self.slots[worker] = slot
 
+    def prefer(self, worker: str, node: str) -> None:
+        """On a cluster whose scheduler picks the nodes (`node == CLUSTER_PICKS`): start
+        `worker` on `node` if it has room (what a layout change freed there). A
+        placement of this machine's devices assigns them itself: nothing to note."""
+        if self.node == CLUSTER_PICKS and worker not in self.slots:
+            self.slots[worker] = Slot(node, self.kind)
+
     def release(self, worker: str) -> None:
         """`worker` is gone for good (a layout change): its devices are free again."""
         self.slots.pop(worker, None)
@@ -108,4 +120,4 @@ class Placement:
         return {w: s.node for w, s in self.slots.items()}
 
 
-__all__ = ["DeviceKind", "Placement", "Slot"]
+__all__ = ["CLUSTER_PICKS", "DeviceKind", "Placement", "Slot"]

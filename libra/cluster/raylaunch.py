@@ -84,26 +84,17 @@ def connect(section: ClusterSection) -> None:
             signal.signal(signal.SIGTERM, sigterm)
 
 
-def this_node() -> str:
-    """The Ray node id of this process (where the trainer runs); `driver` when it is no
-    Ray node (Ray Client) or Ray is not started."""
-    try:
-        import ray
-    except ImportError:
-        return "driver"
-    if not ray.is_initialized():
-        return "driver"
-    try:
-        return str(ray.get_runtime_context().get_node_id())
-    except Exception:  # Ray Client: this process is no node
-        return "driver"
+def ray_node(node: str) -> str | None:
+    """`node` if it is a Ray node id (56 hex digits), else None (`local`, `driver`)."""
+    return node if len(node) == 56 and all(c in "0123456789abcdef" for c in node) else None
 
 
 class EngineHost:
     """Runs in a Ray actor on its node: starts one engine there and answers for it."""
 
     def __init__(self) -> None:
-        self.engine: Engine | None = None
+        self.child: process.Child | None = None
+        """What this actor started on its node (its process group)."""
 
     async def start(
         self,
@@ -118,8 +109,9 @@ class EngineHost:
         gpus = tuple(int(g) for g in ray.get_gpu_ids())
         slot = Slot(str(ray.get_runtime_context().get_node_id()), "cuda" if gpus else "cpu", gpus)
         here = dataclasses.replace(launcher, host=ray.util.get_node_ip_address())
-        self.engine = e = await here.start(worker, tp, slot, model_dir, Path(log_dir))
+        e = await here.start(worker, tp, slot, model_dir, Path(log_dir))
         assert isinstance(e.process, process.Child)
+        self.child = e.process
         return {"url": e.url, "start_s": e.start_s, "node": slot.node, "devices": gpus,
                 "log_path": str(e.process.log_path), "name": e.process.name,
                 "pid": e.process.pid}  # fmt: skip
@@ -140,8 +132,28 @@ class EngineHost:
         return self._child().returncode
 
     def _child(self) -> process.Child:
-        assert self.engine is not None and isinstance(self.engine.process, process.Child)
-        return self.engine.process
+        assert self.child is not None, "nothing started"
+        return self.child
+
+
+FREED_WAIT_S = 5.0
+"""How long a stop waits for Ray to give the stopped worker's resources back, so that
+what starts next (a hybrid's other role) can have them on the same node."""
+
+
+def _freed(ray: Any, group: Any, node: str, held: dict[str, float]) -> bool:
+    """Has Ray removed placement group `group`, and does the cluster's view of `node`
+    show `held` free again? (The scheduler places from that view, which lags the
+    removal: a group asked for on `node` right after would go elsewhere.)"""
+    from ray._private.state import available_resources_per_node
+
+    try:
+        if ray.util.placement_group_table(group).get("state") != "REMOVED":
+            return False
+        free = available_resources_per_node().get(node, {})
+        return all(free.get(k, 0.0) >= v for k, v in held.items())
+    except Exception:  # the cluster cannot say: do not wait on it
+        return True
 
 
 @dataclass(eq=False)
@@ -159,6 +171,8 @@ class RayProcess:
     actor: Any
     group: Any
     """Its placement group."""
+    held: dict[str, float] = field(default_factory=dict)
+    """What its placement group reserves on its node (a stop waits for it to be free)."""
     _poll: Any = None
     _sent: float = 0.0
     """When `_poll` was sent (monotonic)."""
@@ -208,19 +222,32 @@ class RayProcess:
         if self._code == LOST:  # nothing answers there: free what it held here
             self._release(ray)
             return
+        answered = False
         try:
             async with asyncio.timeout(grace_s + 15):
                 self._ended(await self.actor.stop.remote(grace_s))
+                answered = True
         except (ray.exceptions.RayError, TimeoutError):
             pass  # the actor is gone or stuck: killing it signals the engine (module doc)
         finally:
             self._release(ray)
+        deadline = time.monotonic() + FREED_WAIT_S
+        while answered and time.monotonic() < deadline:  # its node's resources back
+            if await asyncio.to_thread(_freed, ray, self.group, self.node, self.held):
+                break
+            await asyncio.sleep(0.1)
 
     def kill(self) -> None:
         ray = _ray()
+        answered = False
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
             self._ended(ray.get(self.actor.kill.remote(), timeout=5))
+            answered = True
         self._release(ray)
+        deadline = time.monotonic() + FREED_WAIT_S
+        while (answered and not _freed(ray, self.group, self.node, self.held)
+               and time.monotonic() < deadline):  # fmt: skip
+            time.sleep(0.1)
 
     def _ended(self, code: int | None) -> None:
         """The exit code its actor reported on a stop or kill (`returncode` from now on;
@@ -262,13 +289,16 @@ class RayLauncher:
     async def start(
         self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
     ) -> Engine:
-        """`slot` is ignored: Ray picks the node (the engine's `slot` says which)."""
+        """Ray picks the node (the engine's `slot` says which): `slot.node`, when it names a
+        Ray node (the one a hybrid's training replica just left, or an engine's before a
+        restart), if that node has room, else any."""
         ray = _ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundle(tp)
-        group = placement_group([bundle], strategy="STRICT_PACK", name=f"libra-{worker}")
+        group = placement_group([bundle], strategy="STRICT_PACK", name=f"libra-{worker}",
+                                _soft_target_node_id=ray_node(slot.node))  # fmt: skip
         actor = None
         try:
             wait = self.section.placement_timeout_s
@@ -300,9 +330,17 @@ class RayLauncher:
                 raise EndpointError(f"engine {worker} on its Ray node: {why}") from None
             raise
         remote = RayProcess(info["name"], info["url"], info["start_s"], Path(info["log_path"]),
-                            info["node"], info["pid"], actor, group)  # fmt: skip
+                            info["node"], info["pid"], actor, group, bundle)  # fmt: skip
         kind: DeviceKind = "cuda" if info["devices"] else "cpu"
         return Engine(worker, self.kind, remote, Slot(info["node"], kind, tuple(info["devices"])))
 
 
-__all__ = ["INSTALL", "LOST", "EngineHost", "RayLauncher", "RayProcess", "connect", "this_node"]
+__all__ = [
+    "INSTALL",
+    "LOST",
+    "EngineHost",
+    "RayLauncher",
+    "RayProcess",
+    "connect",
+    "ray_node",
+]

@@ -26,7 +26,7 @@ from libra.chat import ChatTokenizer
 from libra.cluster.engines import EngineLauncher
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
-from libra.errors import ConfigError, EndpointDown
+from libra.errors import ConfigError, EndpointDown, TrainerError
 from libra.rollout.batch import Runner
 from libra.rollout.layouts import adapt_tasks
 from libra.rollout.run import episode_runner, load_env, make_policy
@@ -45,7 +45,7 @@ from libra.train.handle import TrainerHandle
 from libra.train.loop import Loop, Telemetry
 from libra.train.planning import Assignment, Replanner, SwitchCosts
 from libra.train.reconfig import Reconfigurer
-from libra.train.report import Report, truncate_after
+from libra.train.report import SUPERSEDED, Report, set_aside_groups, truncate_after
 from libra.train.rollouts import Rollouts
 from libra.train.setup import calibrate, make_replanner, prepare_model, trainer_config, warm_start
 from libra.train.state import LoopState, write_json
@@ -123,8 +123,8 @@ class Run:
                                          name="libra-engine-watch")  # fmt: skip
                 outcome = await self.loop.run()
                 watcher.cancel()
-        except* EndpointDown as group:
-            raise group.exceptions[0] from None
+        except* (EndpointDown, TrainerError) as group:  # one line, not a group
+            raise _first(group) from None
         ckpt = self.checkpointer
         if self.loop.checkpointed != self.trainer.version or not ckpt.path.is_dir():
             await self.checkpoint()
@@ -181,7 +181,10 @@ async def build_run(
         from libra.trainer import ElasticTrainer
 
         resume = str(out / "checkpoint") if resumed else None
-        trainer = TrainerHandle(ElasticTrainer(trainer_config(cfg, start), resume=resume))
+        starter = placement.rank_starter(cfg, out / "logs")
+        trainer = TrainerHandle(
+            ElasticTrainer(trainer_config(cfg, start), resume=resume, starter=starter)
+        )
         stack.push_async_callback(trainer.close)
         max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
         buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
@@ -209,6 +212,12 @@ async def build_run(
         await asyncio.gather(trainer.start(), fleet.start())
         for w in fleet.hybrids("train"):
             await trainer.add_hybrid(w.id)
+        trained = await trainer.nodes()
+        for w in workers:  # on Ray: the nodes the training replicas got
+            if w.role == "train":
+                placement.trained_on(where, w.id, trained)
+        if isinstance(weights, BroadcastSync) and (sender := await trainer.sender_host()):
+            weights.host = sender  # engines connect to the node rank 0 of core0 runs on
         replicas = await trainer.replicas()
         trainer_start_s = next((r.start_s for r in replicas if r.start_s), 10.0)
         if not resumed:
@@ -256,6 +265,11 @@ async def build_run(
         gate = StalenessGate(r.batch_groups, r.max_staleness,
                              r.dynamic_sampling.max_replacements, version=version)  # fmt: skip
         stream = TaskStream(tasks, cfg.seed, int(saved["stream"]) if saved else 0)
+        if saved is not None:  # before the sink appends to the file
+            moved = set_aside_groups(out / "trajectories.jsonl", int(saved["stream"]))
+            if moved:
+                display.line(f"libra train: {moved} episodes recorded after the checkpoint "
+                             f"moved to {SUPERSEDED} (their groups are sampled again)")  # fmt: skip
         trajectories = JsonlSink(out / "trajectories.jsonl")
         stack.callback(trajectories.close)
         if resumed:
@@ -283,6 +297,14 @@ async def build_run(
         )  # fmt: skip
         # built: the run owns what it started (until then, a failure stops it again)
         return Run(trainer, fleet, weights, loop, ckpt, view, stack.pop_all())
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first error of a task group's, unwrapped from nested groups."""
+    e: BaseException = group
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e
 
 
 def weight_sync(

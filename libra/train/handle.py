@@ -61,8 +61,16 @@ class TrainerHandle:
         """One policy version (a `libra.trainer.StepReport`)."""
         return await self._call(self.trainer.step, records)
 
-    async def add_hybrid(self, replica_id: str) -> None:
-        await self._call(self.trainer.add_hybrid, replica_id)
+    async def add_hybrid(self, replica_id: str, node: str | None = None) -> None:
+        await self._call(self.trainer.add_hybrid, replica_id, node)
+
+    async def nodes(self) -> dict[str, str]:
+        """Replica id -> the node it runs on (`local`: this machine)."""
+        return await self._call(self.trainer.nodes)
+
+    async def sender_host(self) -> str | None:
+        """Where the weight broadcast's sender runs, when not on this machine."""
+        return await self._call(lambda: self.trainer.sender_host)
 
     async def remove_hybrid(self, replica_id: str) -> None:
         await self._call(self.trainer.remove_hybrid, replica_id)

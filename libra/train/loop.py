@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from libra.errors import WeightsNotDelivered
+from libra.errors import TrainerError, WeightsNotDelivered
 from libra.train.display import Display, View
 from libra.train.handle import TrainerHandle
 from libra.train.metrics import StepTimes, step_row
@@ -117,7 +117,10 @@ class Loop:
             v = self.rollouts.version
             records = [r for g in batch for r in g.records]
             t0 = time.monotonic()
-            rep = await self.trainer.step(records)
+            try:
+                rep = await self.trainer.step(records)
+            except TrainerError as e:  # a core replica is gone (its node, its process)
+                raise self._stopped(e) from None
             t1 = time.monotonic()
             if self._val is not None:  # validation of v runs on v's weights only
                 await self._val
@@ -147,6 +150,15 @@ class Loop:
             if self.stopping:
                 return "interrupted"
         return "done"
+
+    def _stopped(self, e: TrainerError) -> TrainerError:
+        """The run cannot go on without a core replica: one line naming it (and its
+        node) and how to go on, and a `trainer-failed` event."""
+        v = self.checkpointed
+        then = (f"resumes from its checkpoint at step {v}" if v > 0
+                else "starts it again (no checkpoint yet)")  # fmt: skip
+        self.report.event("trainer-failed", why=str(e), checkpoint_step=v)
+        return TrainerError(f"{e}; training stopped, the same command {then}")
 
     async def _publish(self, version: int) -> float:
         """Publish `version`; engines it could not reach are replaced (the fleet's

@@ -8,8 +8,11 @@ Computed once, when the run is built (`libra.cluster.placement`):
   the first bucket's) gets its devices now, in that order, and keeps them; training
   replicas run on the node's CPUs (the trainer is CPU-only);
 - the engine launcher: embedded engines, or vLLM servers (`fleet.kind = "vllm"`); with
-  `[cluster] backend = "ray"`, embedded engines in Ray actors on the cluster's nodes
-  (`libra.cluster.raylaunch`), and the placement holds this machine's Ray node.
+  `[cluster] backend = "ray"`, engines in Ray actors on the cluster's nodes
+  (`libra.cluster.raylaunch`), and the placement's node is `CLUSTER_PICKS`;
+- the trainer's rank starter: processes here, or (`ray`) each replica's ranks in Ray
+  actors on one node (`libra.train.rayranks`); `trained_on` records the nodes Ray
+  gave the training replicas.
 
 `check` runs before anything starts: a vllm fleet without a vLLM interpreter, or GPUs
 that do not cover its instances, fails in one line naming the field and the fix.
@@ -20,11 +23,12 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from libra.cluster import backend
 from libra.cluster.config import VllmSection
 from libra.cluster.engines import EmbeddedLauncher, EngineLauncher, VllmLauncher
-from libra.cluster.placement import Placement
+from libra.cluster.placement import CLUSTER_PICKS, Placement, Slot
 from libra.errors import ConfigError
 from libra.train.config import TrainConfig
 from libra.train.workers import Worker
@@ -116,10 +120,8 @@ def workers(cfg: TrainConfig, hybrids_training: int) -> list[Worker]:
 def placement(cfg: TrainConfig, ws: list[Worker]) -> Placement:
     """Devices of every worker (module doc); raises `ConfigError` when they do not fit."""
     f = cfg.fleet
-    if cfg.cluster.backend == "ray":  # Ray picks each engine's node; the trainer runs here
-        from libra.cluster.raylaunch import this_node
-
-        where = Placement("cpu", node=this_node())
+    if cfg.cluster.backend == "ray":  # Ray picks each worker's node; `placed` records it
+        where = Placement("cpu", node=CLUSTER_PICKS)
     elif f.kind == "embedded":
         where = Placement("cpu")  # unpinned processes
     elif f.vllm.device == "cuda":
@@ -152,4 +154,42 @@ def launcher(cfg: TrainConfig) -> EngineLauncher:
     return backend.place(cfg.cluster, local)
 
 
-__all__ = ["check", "gpu_problem", "instances", "launcher", "placement", "python_of", "workers"]
+def rank_starter(cfg: TrainConfig, log_dir: Path) -> Any:
+    """Where the trainer's ranks start: None (processes on this machine), or with
+    `cluster.backend = "ray"` a `RayStarter` (each replica's ranks on one Ray node,
+    their logs in `log_dir`)."""
+    if cfg.cluster.backend == "local":
+        return None
+    from libra.train.rayranks import RayStarter
+
+    return RayStarter(cfg.cluster, log_dir)
+
+
+def replica_of(worker: str) -> str:
+    """The trainer's replica id of a training worker: `train{i}` is core replica
+    `core{i}`; a hybrid trains under its own id."""
+    return "core" + worker.removeprefix("train") if worker.startswith("train") else worker
+
+
+def trained_on(where: Placement, worker: str, nodes: dict[str, str]) -> None:
+    """On a cluster, record the node the training replica of `worker` runs on (`nodes`:
+    the trainer's replica -> node); a hybrid asks for that node again when it returns
+    to rollout. On one machine (`local`) a training replica keeps the worker's slot (a
+    hybrid keeps its GPUs)."""
+    node = nodes.get(replica_of(worker))
+    if node is not None and node != "local":
+        where.placed(worker, Slot(node, "cpu"))
+
+
+__all__ = [
+    "check",
+    "gpu_problem",
+    "instances",
+    "launcher",
+    "placement",
+    "python_of",
+    "rank_starter",
+    "replica_of",
+    "trained_on",
+    "workers",
+]

@@ -23,6 +23,7 @@ from libra.planner import Signals, WorkloadStats
 from libra.record import Trajectory
 from libra.train.display import View
 from libra.train.handle import TrainerHandle
+from libra.train.placement import trained_on
 from libra.train.planning import Assignment, Replanner, Workload
 from libra.train.relayout import relayout
 from libra.train.report import Report
@@ -166,9 +167,11 @@ class Reconfigurer:
             self.report.event("switch-start", worker=w.id, to="train")
             took = await to_training(self.fleet, self.trainer, w)
             self._switched()
-            # a training replica runs on this machine's node (docs/cluster.md)
+            # where its training replica runs: this machine, or the Ray node it got
+            nodes = await self.trainer.nodes()
+            trained_on(self.fleet.placement, w.id, nodes)
             self.report.event("switch-done", worker=w.id, to="train",
-                              node=self.fleet.placement.node, **took)  # fmt: skip
+                              node=nodes.get(w.id, self.fleet.placement.node), **took)  # fmt: skip
             self._to_train_s = took["total_s"]
             self._cost(to_train_s=took["total_s"])
         while len(self.fleet.hybrids("train")) > target.train:

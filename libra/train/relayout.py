@@ -8,7 +8,8 @@ fleet there one instance at a time, on the devices the old instances free:
    turns to it and let the turns it runs finish there, stop its engine and free its
    devices (`Fleet.remove`);
 2. as soon as enough devices are free for an instance of a bucket that has fewer than
-   the layout wants, start it there at that bucket's TP size on the current weights and
+   the layout wants, start it there (on a Ray cluster: asking for the node the first
+   of those stops freed, Ray's soft target) at that bucket's TP size on the current weights and
    register it in the bucket at their version (`Fleet.add_core`: a version published
    meanwhile is loaded first); instances whose devices are free at the same time (two
    TP-1 on the devices of one TP-2) start together;
@@ -74,8 +75,10 @@ async def relayout(fleet: Fleet, want: dict[str, int], note: Note) -> dict[str, 
     freed_at, fresh = t0, True  # fresh: the next stop frees devices for a new batch
     starts: list[str] = []
 
+    freed: list[str] = []  # nodes of stopped instances (on a cluster: asked for again)
+
     async def start(bucket: str) -> None:
-        w, version = await fleet.add_core(bucket)
+        w, version = await fleet.add_core(bucket, freed.pop(0) if freed else None)
         core.append(w)
         # its devices were idle from the stop that freed the first of them
         restarts.append(time.monotonic() - freed_at)
@@ -90,6 +93,8 @@ async def relayout(fleet: Fleet, want: dict[str, int], note: Note) -> dict[str, 
             w = next(w for w in reversed(core) if w.bucket == bucket and w.engine is not None)
             if fresh:
                 freed_at, fresh = time.monotonic(), False
+            assert w.engine is not None
+            freed.append(w.engine.slot.node)
             took = await fleet.remove(w)
             core.remove(w)
             note("instance-stopped", worker=w.id, bucket=bucket, tp=tp[bucket], **took)

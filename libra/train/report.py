@@ -64,6 +64,35 @@ def truncate_after(path: Path, step: int, key: str = "step") -> None:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
+SUPERSEDED = "trajectories-superseded.jsonl"
+"""Where a resume moves the episodes its checkpoint does not cover (next to
+`trajectories.jsonl`)."""
+
+
+def set_aside_groups(path: Path, first: int) -> int:
+    """Resume: move the episodes of groups `g{first:06d}` and later out of `path` (the
+    trajectories) into `SUPERSEDED` beside it; returns how many. A run that stopped
+    without a checkpoint at its end (a lost core replica, a kill) recorded them after
+    its last checkpoint, which never trained on them; the resumed run draws those groups
+    again, under the same ids. Moved, not deleted: nothing finished is lost, and each id
+    appears once in `trajectories.jsonl`."""
+    if not path.is_file():
+        return 0
+    keep: list[bytes] = []
+    moved: list[bytes] = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        if not line.strip():
+            continue
+        gid = str(orjson.loads(line).get("group_id", ""))
+        n = gid[1:7]
+        (moved if gid.startswith("g") and n.isdigit() and int(n) >= first else keep).append(line)
+    if moved:
+        with open(path.with_name(SUPERSEDED), "ab") as f:
+            f.write(b"".join(moved))
+        path.write_bytes(b"".join(keep))
+    return len(moved)
+
+
 def _scalars(row: dict[str, Any]) -> dict[str, float]:
     """The numbers of a metrics row, `roles` flattened to `roles/<role>`."""
     out = {k: v for k, v in row.items()
@@ -215,4 +244,12 @@ def _save(fig: Any, path: Path, plt: Any) -> Path:
     return path
 
 
-__all__ = ["JsonLog", "Report", "read_rows", "truncate_after", "write_plots"]
+__all__ = [
+    "SUPERSEDED",
+    "JsonLog",
+    "Report",
+    "read_rows",
+    "set_aside_groups",
+    "truncate_after",
+    "write_plots",
+]

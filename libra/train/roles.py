@@ -28,7 +28,8 @@ async def to_training(fleet: Fleet, trainer: TrainerHandle, w: Worker) -> dict[s
     t0 = time.monotonic()
     took = await fleet.retire(w)
     t1 = time.monotonic()
-    await trainer.add_hybrid(w.id)
+    left = fleet.placement.slots.get(w.id)  # on Ray: train on the node its engine left
+    await trainer.add_hybrid(w.id, left.node if left is not None else None)
     w.role = "train"
     return took | {"register_s": time.monotonic() - t1, "total_s": time.monotonic() - t0}
 

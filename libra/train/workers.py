@@ -159,10 +159,12 @@ class Fleet:
         self._used.add(f"{prefix}{n}")
         return f"{prefix}{n}"
 
-    async def add_core(self, bucket: str) -> tuple[Worker, int]:
-        """A new core rollout instance in `bucket` (on devices a `remove` freed);
-        returns it and the version it serves."""
+    async def add_core(self, bucket: str, near: str | None = None) -> tuple[Worker, int]:
+        """A new core rollout instance in `bucket` (on devices a `remove` freed; on a
+        cluster, on node `near` if it has room); returns it and the version it serves."""
         w = Worker(self._new_id("rollout"), "core-rollout", "switching", bucket)
+        if near is not None:
+            self.placement.prefer(w.id, near)
         self.workers.append(w)
         try:
             _, version = await self._serve(w, bucket, self.weights.start_weights())

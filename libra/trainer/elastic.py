@@ -55,13 +55,18 @@ class ElasticWorker:
     def __init__(
         self, cfg: TrainerConfig, replica: Replica, *, member_id: str,
         kind: Literal["core", "hybrid"], store_port: int, prefix: str = "libra",
+        store_host: str | None = None, host: str | None = None,
     ):  # fmt: skip
         self.cfg, self.ecfg = cfg, cfg.elastic
         self.replica = replica
         self.id, self.kind = member_id, kind
         self.rank, self.size = replica.rank, replica.size
-        self.host, self.port, self.prefix = self.ecfg.host, store_port, prefix
-        self.store = connect(self.host, store_port, prefix)
+        self.store_host = store_host or self.ecfg.host
+        """Where the run's rendezvous store is (the driver's address)."""
+        self.host = host or self.ecfg.host
+        """The address this rank's own sockets bind to (its node's, on a cluster)."""
+        self.port, self.prefix = store_port, prefix
+        self.store = connect(self.store_host, store_port, prefix)
         self.layout = ControlLayout(self.ecfg.max_replicas)
         n = replica.grad_numel
         self.bufs = [torch.zeros(n + self.layout.size) for _ in range(2)]
@@ -332,7 +337,7 @@ class ElasticWorker:
         self.catchup.expect(token(spec, self.id, self.rank))
 
     def _build_named(self, name: str) -> tuple[Epoch, Any]:
-        store = connect(self.host, self.port, self.prefix)
+        store = connect(self.store_host, self.port, self.prefix)
         spec = Epoch.from_json(wait_key(store, f"epoch/{name}", self.ecfg.timeout_s))
         if self.id not in spec.ids():
             raise ReplicaDropped(f"{self.id} is not a member of epoch {name}")
@@ -340,7 +345,7 @@ class ElasticWorker:
 
     def _build(self, ep: Epoch, store: Any = None) -> Any:
         return cross_replica_group(
-            self.replica.device, store or connect(self.host, self.port, self.prefix),
+            self.replica.device, store or connect(self.store_host, self.port, self.prefix),
             f"{ep.name}/s{self.rank}", ep.slot(self.id), len(ep.members),
             timeout_s=self.ecfg.timeout_s, host=self.host,
         )  # fmt: skip

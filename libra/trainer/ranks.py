@@ -7,8 +7,12 @@ failure rules differ: a core rank that dies or reports an error ends training
 (`TrainerError`); a hybrid that does is reported back as failed, and `ElasticTrainer`
 drops it. What a replica's state is (waiting, joining, ...) is the trainer's business.
 
-The processes are daemons: multiprocessing terminates them when the driver's
-interpreter exits. `close` stops them politely first.
+Where the processes run is the starter's business (`RankStarter`): `LocalStarter`
+spawns them here with `multiprocessing` (daemons: terminated when the driver's
+interpreter exits; `close` stops them politely first); `libra.train.rayranks` starts
+each replica's ranks in Ray actors on one node, and they call back over TCP
+(`libra.trainer.remote`). Either way a rank is a handle with `is_alive`, `kill` and
+`join`, and a connection that speaks the worker protocol.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
 from libra.errors import TrainerError
 from libra.trainer.config import TrainerConfig
@@ -31,66 +35,176 @@ Key = tuple[str, int]
 """(replica id, rank within the replica)."""
 
 
+class Started:
+    """One rank's process, wherever it runs, and its connection. This base is a rank
+    spawned here (a `multiprocessing` process and its pipe); a starter that places
+    ranks on other nodes subclasses it (`libra.train.rayranks.RayRank`)."""
+
+    node = "local"
+    """The node it runs on (`local`: this machine)."""
+
+    def __init__(self, process: Any, conn: Connection | None):
+        self.process = process
+        self.conn = conn
+
+    @property
+    def host(self) -> str:
+        """The address its sockets bind to (empty: `elastic.host`, this machine)."""
+        return ""
+
+    def connection(self) -> Connection | None:
+        """Its connection once it has one (a rank elsewhere calls back after it starts)."""
+        return self.conn
+
+    def is_alive(self) -> bool:
+        return bool(self.process.is_alive())
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.process.join(timeout)
+
+    def why(self) -> str:
+        """Why it is gone, as far as its starter knows."""
+        return "see its log"
+
+
+class RankStarter(Protocol):
+    """Starts the ranks of one replica somewhere (this machine, or a cluster's node)."""
+
+    def open(self, cfg: TrainerConfig) -> str:
+        """Get ready; the address the ranks reach the driver's rendezvous store at."""
+        ...
+
+    def start(self, rid: str, specs: list[WorkerSpec], prefer: str | None) -> list[Started]:
+        """Start one process per spec (the ranks of replica `rid`, on one node; `prefer`:
+        a node to use if it has room). Does not wait for them."""
+        ...
+
+    def release(self, rid: str) -> None:
+        """`rid`'s processes are gone: free what they held (their node's resources)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Rank:
-    process: Any
-    conn: Connection
+    process: Started
     alive: bool = True
+
+    @property
+    def conn(self) -> Connection:
+        c = self.process.connection()
+        assert c is not None, "rank has not connected yet"
+        return c
+
+    def connected(self) -> bool:
+        return self.process.connection() is not None
+
+
+class LocalStarter:
+    """Ranks as spawned processes of the driver, with pipes (one machine)."""
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+
+    def open(self, cfg: TrainerConfig) -> str:
+        return cfg.elastic.host
+
+    def start(self, rid: str, specs: list[WorkerSpec], prefer: str | None) -> list[Started]:
+        out = []
+        for spec in specs:
+            parent, child = self._ctx.Pipe()
+            p = self._ctx.Process(
+                target=main, args=(spec, child), name=f"libra-{rid}-{spec.rank}", daemon=True
+            )
+            p.start()
+            child.close()
+            out.append(Started(p, parent))
+        return out
+
+    def release(self, rid: str) -> None:
+        pass  # nothing is held but the processes
+
+    def close(self) -> None:
+        pass
 
 
 class Ranks:
     """Every rank process of a run, by replica id."""
 
-    def __init__(self, cfg: TrainerConfig, *, resume: str | None = None):
+    def __init__(
+        self, cfg: TrainerConfig, *, resume: str | None = None, starter: RankStarter | None = None
+    ):
         self.cfg = cfg
         self.resume = resume
-        self._ctx = mp.get_context("spawn")
+        self.starter: RankStarter = starter or LocalStarter()
         self._store: Any = None
+        self._store_host = cfg.elastic.host
         self._ranks: dict[str, list[_Rank]] = {}
         self._core: set[str] = set()
 
     def start(self) -> None:
         """Host the rendezvous store (before any rank is spawned)."""
         e = self.cfg.elastic
+        self._store_host = self.starter.open(self.cfg)
         self._store = host_store(e.host, e.port)
 
-    def spawn(self, rid: str, kind: str, core_ids: list[str]) -> None:
-        """Start the processes of replica `rid`; they report ready on their own."""
+    def spawn(self, rid: str, kind: str, core_ids: list[str], prefer: str | None = None) -> None:
+        """Start the processes of replica `rid`; they report ready on their own.
+        `prefer`: the node to start it on if it has room (a hybrid's own node)."""
         e = self.cfg.elastic
-        ranks = []
-        for k in range(e.replica_ranks):
-            parent, child = self._ctx.Pipe()
-            spec = WorkerSpec(
-                config=self.cfg.model_dump_json(), member_id=rid, kind=kind, rank=k,
-                size=e.replica_ranks, core_ids=core_ids, port=self._store.port,
-                resume=self.resume if kind == "core" else None,
-            )  # fmt: skip
-            p = self._ctx.Process(
-                target=main, args=(spec, child), name=f"libra-{rid}-{k}", daemon=True
+        resume = self.resume if kind == "core" else None
+        specs = [
+            WorkerSpec(
+                config=self.cfg.model_dump_json(),
+                member_id=rid,
+                kind=kind,
+                rank=k,
+                size=e.replica_ranks,
+                core_ids=core_ids,
+                port=self._store.port,
+                resume=resume,
+                store_host=self._store_host,
             )
-            p.start()
-            child.close()
-            ranks.append(_Rank(p, parent))
-        self._ranks[rid] = ranks
+            for k in range(e.replica_ranks)
+        ]
+        self._ranks[rid] = [_Rank(r) for r in self.starter.start(rid, specs, prefer)]
         if kind == "core":
             self._core.add(rid)
+
+    def node(self, rid: str) -> str:
+        """The node replica `rid` runs on (`local` on this machine)."""
+        return self._ranks[rid][0].process.node
+
+    def host(self, rid: str) -> str:
+        """The address replica `rid`'s rank 0 binds to (empty: this machine's)."""
+        return self._ranks[rid][0].process.host if rid in self._ranks else ""
 
     def size(self, rid: str) -> int:
         return len(self._ranks[rid])
 
     def answered(self, rid: str) -> bool:
-        """Has every rank of `rid` a message waiting (a starting replica is ready)?"""
-        return all(r.conn.poll() for r in self._ranks[rid])
+        """Has every rank of `rid` a message waiting, or exited (a starting replica is
+        ready, or `await_ready` will say it failed)?"""
+        return all((r.connected() and r.conn.poll()) or not r.process.is_alive()
+                   for r in self._ranks[rid])  # fmt: skip
 
     def await_ready(self, rid: str, deadline: float) -> None:
         """Block until every rank of `rid` reported ready (`deadline`: monotonic)."""
         for r in self._ranks[rid]:
-            while not r.conn.poll(0.1):
+            while not (r.connected() and r.conn.poll(0.1)):
+                if not r.connected():
+                    time.sleep(0.1)
                 if not r.process.is_alive():
-                    raise TrainerError(f"replica {rid} exited during start (see its log)")
+                    raise TrainerError(
+                        f"replica {rid} exited during start{self._on(rid)} ({r.process.why()})"
+                    )
                 if time.monotonic() > deadline:
                     raise TrainerError(f"replica {rid} did not start in {START_TIMEOUT_S:.0f}s")
-            _expect(rid, r.conn.recv(), "ready")
+            _expect(rid, self._recv(rid, r), "ready")
 
     # -- commands ---------------------------------------------------------------------
 
@@ -113,8 +227,17 @@ class Ranks:
         returns the raw replies (a hybrid may answer that it withdrew)."""
         for k in range(len(self._ranks[rid])):
             self.send(rid, k, cmd)
-        return [_expect(rid, r.conn.recv(), "ok") if cmd[0] != "leave" else r.conn.recv()
-                for r in self._ranks[rid]]  # fmt: skip
+        return [_expect(rid, self._recv(rid, r), "ok") if cmd[0] != "leave"
+                else self._recv(rid, r) for r in self._ranks[rid]]  # fmt: skip
+
+    def _recv(self, rid: str, r: _Rank) -> Any:
+        """One reply; a rank whose connection closed (it died, its node is gone) raises
+        `TrainerError` naming the replica and its node."""
+        try:
+            return r.conn.recv()
+        except (EOFError, OSError):
+            r.alive = False
+            raise TrainerError(f"replica {rid} died{self._on(rid)}") from None
 
     def collect(self, rids: list[str]) -> tuple[dict[Key, Any], list[str]]:
         """One reply per live rank of `rids`, and the hybrids that failed meanwhile.
@@ -123,6 +246,9 @@ class Ranks:
         the report window and 5 s) counts as ("dead", None); its replica, and one whose
         rank reported an error, is listed as failed (in the order the replies came). A
         core rank that dies or reports an error raises `TrainerError`."""
+        for rid in rids:  # a core rank whose pipe broke on the send: nothing will come
+            if rid in self._core and not all(r.alive for r in self._ranks[rid]):
+                raise TrainerError(f"core replica {rid} died{self._on(rid)}")
         want = {(rid, k): r for rid in rids for k, r in enumerate(self._ranks[rid]) if r.alive}
         got: dict[Key, Any] = {}
         core_done_at = None
@@ -143,7 +269,8 @@ class Ranks:
                     got.setdefault(key, ("dead", None))
             for key in core_left:
                 if not want[key].process.is_alive() and key not in got:
-                    raise TrainerError(f"core replica {key[0]} rank {key[1]} died")
+                    where = self._on(key[0])
+                    raise TrainerError(f"core replica {key[0]} rank {key[1]} died{where}")
         failed: list[str] = []
         for (rid, k), msg in got.items():
             if msg[0] not in ("dead", "error"):
@@ -152,7 +279,7 @@ class Ranks:
                 if msg[0] == "error":
                     raise TrainerError(f"core replica {rid}: {msg[1]}")
                 # Its pipe closed: the process died (EOF comes before `is_alive` turns).
-                raise TrainerError(f"core replica {rid} rank {k} died")
+                raise TrainerError(f"core replica {rid} rank {k} died{self._on(rid)}")
             if rid not in failed:
                 failed.append(rid)
         return got, failed
@@ -172,23 +299,31 @@ class Ranks:
         for r in self._ranks[rid]:
             r.alive = False
             r.process.join(30)
+        self.starter.release(rid)
+
+    def _on(self, rid: str) -> str:
+        """` on node N` for a replica placed on a cluster's node (empty here)."""
+        node = self.node(rid) if rid in self._ranks else "local"
+        return "" if node == "local" else f" on node {node}"
 
     def close(self) -> None:
         """Ask every live rank to stop, wait up to 30 s each, then kill what is left."""
         for ranks in self._ranks.values():
             for r in ranks:
-                if r.alive and r.process.is_alive():
+                if r.alive and r.connected() and r.process.is_alive():
                     try:
                         r.conn.send(("stop",))
                     except OSError:
                         pass  # it exited between the check and the send: joined below
-        for ranks in self._ranks.values():
+        for rid, ranks in self._ranks.items():
             for r in ranks:
-                r.process.join(30)
+                r.process.join(30 if r.connected() else 0)
                 if r.process.is_alive():
                     r.process.kill()
                     r.process.join()
+            self.starter.release(rid)
         self._ranks.clear()
+        self.starter.close()
 
 
 def _expect(rid: str, msg: Any, kind: str) -> Any:
@@ -199,4 +334,4 @@ def _expect(rid: str, msg: Any, kind: str) -> Any:
     return msg[1]
 
 
-__all__ = ["START_TIMEOUT_S", "Key", "Ranks"]
+__all__ = ["START_TIMEOUT_S", "Key", "LocalStarter", "RankStarter", "Ranks", "Started"]

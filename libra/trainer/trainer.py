@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from libra.errors import ConfigError
+from libra.errors import ConfigError, TrainerError
 from libra.record import Trajectory
 from libra.trainer.checkpoint import check
 from libra.trainer.config import TrainerConfig
-from libra.trainer.ranks import START_TIMEOUT_S, Key, Ranks
+from libra.trainer.ranks import START_TIMEOUT_S, Key, Ranks, RankStarter
 from libra.trainer.report import MembershipEvent, ReplicaStatus, StepReport, StepResult
 from libra.trainer.samples import Prepared, partition, prepare, split_minibatches
 from libra.trainer.stepstats import aggregate
@@ -42,12 +42,16 @@ COORDINATOR: Key = ("core0", 0)
 class ElasticTrainer:
     """Core replicas for the whole run plus hybrid replicas that come and go."""
 
-    def __init__(self, cfg: TrainerConfig, *, resume: str | None = None):
+    def __init__(
+        self, cfg: TrainerConfig, *, resume: str | None = None, starter: RankStarter | None = None
+    ):
+        """`starter`: where the ranks run (default: processes on this machine;
+        `libra.train.rayranks.RayStarter`: Ray actors on a cluster's nodes)."""
         self.cfg = cfg
         meta = check(resume) if resume else {}
         self.version = int(meta.get("version", 0))
         self.updates = int(meta.get("updates", 0))
-        self._ranks = Ranks(cfg, resume=resume)
+        self._ranks = Ranks(cfg, resume=resume, starter=starter)
         self._status: dict[str, ReplicaStatus] = {}
         self._spawned: dict[str, float] = {}
         self._events: list[MembershipEvent] = []
@@ -77,13 +81,15 @@ class ElasticTrainer:
 
     # -- membership -------------------------------------------------------------------
 
-    def add_hybrid(self, replica_id: str | None = None) -> str:
+    def add_hybrid(self, replica_id: str | None = None, node: str | None = None) -> str:
         """Start a hybrid replica (its processes); it registers, is admitted at an
-        update boundary, catches up from a snapshot and then trains. Returns its id."""
+        update boundary, catches up from a snapshot and then trains. Returns its id.
+        `node`: where to start it if that node has room (on a cluster: the node whose
+        devices the hybrid's engine just freed)."""
         rid = replica_id or f"hybrid{next(self._ids)}"
         if rid in self._status and self._status[rid].state not in ("left", "dropped"):
             raise ConfigError(f"replica {rid!r} already exists")
-        self._spawn(rid, "hybrid", [])
+        self._spawn(rid, "hybrid", [], node)
         return rid
 
     def remove_hybrid(self, replica_id: str) -> None:
@@ -108,6 +114,18 @@ class ElasticTrainer:
         return [
             ReplicaStatus(**{f: getattr(s, f) for f in s.__slots__}) for s in self._status.values()
         ]
+
+    def nodes(self) -> dict[str, str]:
+        """Replica id -> the node its ranks run on (`local`: this machine), for every
+        replica that has not left or been dropped."""
+        return {rid: self._ranks.node(rid) for rid, st in self._status.items()
+                if st.state not in ("left", "dropped")}  # fmt: skip
+
+    @property
+    def sender_host(self) -> str | None:
+        """The address the weight broadcast's sender (rank 0 of core replica 0) binds
+        to, when it runs on another node (None: this machine, `weights.host`)."""
+        return self._ranks.host("core0") or None
 
     def take_events(self) -> list[MembershipEvent]:
         out, self._events = self._events, []
@@ -153,6 +171,7 @@ class ElasticTrainer:
 
     def broadcast_listen(self, gid: str, host: str, world: int, timeout_s: float) -> int:
         """Open group `gid`'s rendezvous on `host` (rank 0 of `world`); returns its port."""
+        host = self.sender_host or host  # the sender's own node, when it runs elsewhere
         return int(self._ranks.ask("core0", ("wt", "listen", gid, host, world, timeout_s))[0])
 
     def broadcast_join(self, gid: str) -> str | None:
@@ -210,8 +229,8 @@ class ElasticTrainer:
 
     # -- the membership state machine -------------------------------------------------
 
-    def _spawn(self, rid: str, kind: str, core: list[str]) -> None:
-        self._ranks.spawn(rid, kind, core)
+    def _spawn(self, rid: str, kind: str, core: list[str], node: str | None = None) -> None:
+        self._ranks.spawn(rid, kind, core, node)
         ranks = self.cfg.elastic.replica_ranks
         self._status[rid] = ReplicaStatus(rid, kind, "starting", ranks)  # type: ignore[arg-type]
         self._spawned[rid] = time.perf_counter()
@@ -226,9 +245,14 @@ class ElasticTrainer:
         st.state = "ready" if st.kind == "core" else "waiting"
 
     def _poll_starting(self) -> None:
-        for rid, st in self._status.items():
+        for rid, st in list(self._status.items()):
             if st.state == "starting" and self._ranks.answered(rid):
-                self._await_ready(rid, time.monotonic() + 60)
+                try:
+                    self._await_ready(rid, time.monotonic() + 60)
+                except TrainerError:
+                    if st.kind == "core":
+                        raise
+                    self._drop(rid)  # a hybrid that died starting (its node lost)
 
     def _membership(self, replies: dict[Key, StepResult]) -> None:
         """What one update changed, as the coordinator and each hybrid's rank 0 saw it."""

@@ -46,6 +46,11 @@ class WorkerSpec:
     core_ids: list[str]
     port: int
     resume: str | None = None
+    store_host: str = ""
+    """Where the run's rendezvous store listens (empty: `elastic.host`, one machine)."""
+    host: str = ""
+    """The address this rank binds its sockets to (empty: `elastic.host`); a rank on
+    another node gets its node's address."""
 
 
 def main(spec: WorkerSpec, conn: Connection) -> None:
@@ -87,13 +92,14 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     device = Device.resolve(cfg)
     init_process(device)
     if spec.size > 1:
-        store = connect(cfg.elastic.host, spec.port, f"replica/{spec.member_id}")
+        store = connect(spec.store_host or cfg.elastic.host, spec.port, f"replica/{spec.member_id}")
         init_replica_group(device, store, spec.rank, spec.size, cfg.elastic.timeout_s)
     replica = Replica(cfg, rank=spec.rank, size=spec.size, device=device)
     if spec.resume:  # the architecture from cfg.model, the state from the checkpoint
         checkpoint.load(replica, spec.resume)
     w = ElasticWorker(cfg, replica, member_id=spec.member_id, kind=spec.kind,  # type: ignore[arg-type]
-                      store_port=spec.port)  # fmt: skip
+                      store_port=spec.port, store_host=spec.store_host or None,
+                      host=spec.host or None)  # fmt: skip
     opened.append(w)
     st = w.state  # read here; changed only by the worker's own methods
     if spec.kind == "core":

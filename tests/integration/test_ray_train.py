@@ -1,10 +1,11 @@
-"""`libra train` with its engines placed by Ray (`[cluster] backend = "ray"`) on a local
-three-node Ray cluster (tests/conftest.py `ray_cluster`): the real embedded engines in
-Ray actors on two nodes, the real trainer on this machine, the real `arith` env. The
+"""`libra train` placed by Ray (`[cluster] backend = "ray"`) on a local Ray cluster
+(tests/conftest.py `ray_cluster`, grown by the tests): the real embedded engines and the
+real trainer's ranks in Ray actors, each on its own node, the real `arith` env. The
 checks read what a user reads: the steps and their reward, where each worker ran in
-`events.jsonl`, every episode recorded once when a node is lost mid-run, and that
-nothing of the lost node, and no engine at all once the command has exited, is left
-running."""
+`events.jsonl`, every episode recorded once when an engine's node is lost mid-run, the
+run going on when a hybrid's node is lost and stopping in one line (then resuming) when
+a core training replica's is, and that nothing of a lost node, and no engine or trainer
+rank at all once the command has exited, is left running."""
 
 from __future__ import annotations
 
@@ -74,6 +75,16 @@ def rows(path: Path) -> list[dict[str, Any]]:
 def engines_of(out: Path) -> list[int]:
     """Live `libra serve-engine` processes serving this run's model (any node: the
     cluster's nodes share this machine)."""
+    return [pid for pid, cmd in _live() if "serve-engine" in cmd and str(out) in cmd]
+
+
+def ranks_of(pids: list[int]) -> list[int]:
+    """Those of `pids` that are live trainer ranks started on a node
+    (`python -m libra.trainer.remote`)."""
+    return [pid for pid, cmd in _live() if pid in pids and "libra.trainer.remote" in cmd]
+
+
+def _live() -> list[tuple[int, str]]:
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -83,9 +94,22 @@ def engines_of(out: Path) -> list[int]:
             state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if "serve-engine" in cmd and str(out) in cmd and state != "Z":
-            found.append(int(d))
+        if state != "Z":
+            found.append((int(d), cmd))
     return found
+
+
+def grow(cluster: Any, n: int) -> list[Any]:
+    """Add `n` nodes of one logical CPU (an engine or a trainer rank each)."""
+    nodes = [cluster.add_node(num_cpus=1, object_store_memory=RAY_STORE) for _ in range(n)]
+    cluster.wait_for_nodes()
+    return nodes
+
+
+def shrink(cluster: Any, to: int = 2) -> None:
+    """Leave the shared cluster as the fixture made it: `to` CPU nodes."""
+    for node in list(cluster.worker_nodes)[: max(0, len(cluster.worker_nodes) - to)]:
+        cluster.remove_node(node)
 
 
 @pytest.mark.timeout(600)
@@ -98,8 +122,7 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
     episodes re-route to the other engine, the engine is replaced on the spare node,
     every step trains, every episode is recorded once, and nothing of the killed node
     keeps running."""
-    spare = ray_cluster.add_node(num_cpus=1, object_store_memory=RAY_STORE)
-    ray_cluster.wait_for_nodes()
+    grow(ray_cluster, 2)  # the trainer's node, and a spare
     out = tmp_path / "run"
     config = tmp_path / "train.toml"
     config.write_text(CONFIG.replace("{out}", str(out)).replace("{address}", ray_cluster.address))
@@ -126,8 +149,7 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
             if proc.poll() is None:
                 proc.kill()
             code = proc.wait()
-            if not killed:  # leave the shared cluster as it was: two CPU nodes
-                ray_cluster.remove_node(spare)
+            shrink(ray_cluster)
     assert code == 0, log.read_text()[-4000:]
     assert killed, "the run ended before its first episode was recorded"
     assert len(seen) >= 2, seen
@@ -150,25 +172,23 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
     assert len(records) >= 10 * 2 * 4  # steps x groups x group size
     assert len({r["id"] for r in records}) == len(records)
 
-    # events.jsonl names each worker's node: the engines on two of the nodes with a CPU
-    # (the head has none), the trainer on this machine's node; the lost engine on the
-    # killed node, its replacement on the one left free
-    head = ray_cluster.head_node.node_id
+    # events.jsonl names each worker's node: the engines and the trainer's replica each
+    # on its own node with a CPU (the head has none); the lost engine on the killed
+    # node, its replacement on the one left free
     events = rows(out / "events.jsonl")
     started = [e for e in events if e["event"] == "fleet-started"]
     assert len(started) == 1
     nodes = started[0]["nodes"]
-    cpu_nodes = {n.node_id for n in ray_cluster.worker_nodes} | {killed["node"]}
-    assert nodes["rollout0"] != nodes["rollout1"], nodes
-    assert {nodes["rollout0"], nodes["rollout1"]} <= cpu_nodes, nodes
-    assert nodes["train0"] == head
+    cpu_nodes = set(killed["cpu_nodes"])
+    assert len({nodes["rollout0"], nodes["rollout1"], nodes["train0"]}) == 3, nodes
+    assert {nodes["rollout0"], nodes["rollout1"], nodes["train0"]} <= cpu_nodes, nodes
     assert started[0]["roles"]["rollout"] == ["rollout0", "rollout1"]
     lost = [e for e in events if e["event"] == "engine-lost"]
     restarted = [e for e in events if e["event"] == "engine-restarted"]
     assert [(e["worker"], e["node"]) for e in lost] == [("rollout0", killed["node"])], lost
     # found by the watcher (the node does not answer) or by a publication it missed
     assert any(w in lost[0]["why"] for w in ("lost", "not delivered")), lost
-    free = cpu_nodes - {killed["node"], nodes["rollout1"]}
+    free = cpu_nodes - {killed["node"], nodes["rollout1"], nodes["train0"]}
     assert [(e["worker"], e["node"]) for e in restarted] == [("rollout0", *free)], restarted
     # no episode failed for it, and the replacement served turns of later steps
     assert not [r["error"] for r in records if r["status"] == "error"]
@@ -180,6 +200,126 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
     while engines_of(out) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not engines_of(out), f"engines left running: {engines_of(out)}"
+
+
+TRAINER_CONFIG = (
+    CONFIG.replace("steps = 10", "steps = 6")
+    .replace(
+        "core_rollout = 2\nhybrids = 0", 'core_rollout = 1\nhybrids = 1\nhybrid_start = "train"'
+    )
+    .replace("plots = false", "plots = false\ncheckpoint_every = 2")
+)
+
+
+@pytest.mark.timeout(600)
+def test_train_on_ray_drops_a_lost_hybrid_and_stops_resumably_on_a_lost_core_replica(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    """One engine, the core training replica and a hybrid training replica, each on its
+    own node. After step 2 the hybrid's node is killed outright: the run goes on
+    without it. After the checkpoint of step 4 the core replica's node is killed: the
+    command stops in one line naming the replica and its node, and the same command
+    resumes from step 4 to the end. Nothing of either lost node is left running."""
+    grow(ray_cluster, 2)  # engine, core, hybrid, and one spare
+    out = tmp_path / "run"
+    config = tmp_path / "train.toml"
+    config.write_text(
+        TRAINER_CONFIG.replace("{out}", str(out)).replace("{address}", ray_cluster.address)
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cmd = [sys.executable, "-m", "libra", "train", str(config)]
+    killed: dict[str, dict[str, Any]] = {}
+    log = tmp_path / "train.log"
+    t0 = time.monotonic()
+    try:
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+            try:
+                while proc.poll() is None and time.monotonic() - t0 < 400:
+                    done = (
+                        len(rows(out / "metrics.jsonl")) if (out / "metrics.jsonl").is_file() else 0
+                    )
+                    if done >= 2 and "hybrid0" not in killed:
+                        killed["hybrid0"] = kill_trainer_node(ray_cluster, out, "hybrid0")
+                    saved = state_version(out)
+                    if saved >= 4 and "train0" not in killed:
+                        killed["train0"] = kill_trainer_node(ray_cluster, out, "train0")
+                    time.sleep(0.3)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                code = proc.wait()
+        first = log.read_text()
+        assert set(killed) == {"hybrid0", "train0"}, first[-3000:]
+        # stopped in one line naming the core replica and its node, and how to go on
+        assert code != 0, first[-3000:]
+        lines = [x for x in first.splitlines() if x.startswith("libra: error:")]
+        assert len(lines) == 1, first[-3000:]
+        node = killed["train0"]["node"]
+        assert "core replica core0" in lines[0] and node in lines[0], lines[0]
+        assert "resumes from its checkpoint at step" in lines[0], lines[0]
+        # nothing of the lost nodes is left: their ranks, Ray's workers there
+        for k in killed.values():
+            assert not [p for p in k["workers"] if not wait_gone(p)], k
+        events = rows(out / "events.jsonl")
+        started = next(e for e in events if e["event"] == "fleet-started")
+        on = started["nodes"]
+        assert len({on["rollout0"], on["train0"], on["hybrid0"]}) == 3, on
+        head = ray_cluster.head_node.node_id
+        assert head not in on.values(), on
+        # the hybrid's loss cost the run nothing: it went on training past step 2
+        dropped = [e for e in events if e["event"] == "trainer-dropped"]
+        assert [e["replica"] for e in dropped] == ["hybrid0"], dropped
+        failed = [e for e in events if e["event"] == "trainer-failed"]
+        assert len(failed) == 1 and node in failed[0]["why"], failed
+        stopped_at = state_version(out)
+        assert stopped_at >= 4
+
+        recorded = [r["id"] for r in rows(out / "trajectories.jsonl")]
+
+        # the same command resumes at the checkpoint and trains to the end
+        grow(ray_cluster, 1)  # for the hybrid, which resumes training
+        again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+        assert f"resuming run in {out} at step {stopped_at}" in again.stdout + again.stderr
+        metrics = rows(out / "metrics.jsonl")
+        assert [r["step"] for r in metrics] == list(range(1, 7)), metrics
+        assert all(isinstance(r["reward"], float) for r in metrics)
+        # the resumed engine got the checkpoint's weights: no publication failed
+        later = rows(out / "events.jsonl")[len(events) :]
+        assert not [e for e in later if e["event"] in ("weights-not-delivered", "engine-lost")]
+        # every episode once in trajectories.jsonl; those the first run recorded after its
+        # checkpoint (drawn again by the resumed run) set aside, not lost
+        ids = [r["id"] for r in rows(out / "trajectories.jsonl")]
+        assert len(ids) == len(set(ids))
+        aside = out / "trajectories-superseded.jsonl"
+        moved = [r["id"] for r in rows(aside)] if aside.is_file() else []
+        assert set(recorded) <= set(ids) | set(moved)  # nothing the first run finished lost
+        print(f"libra train on Ray, trainer nodes lost, resumed: {time.monotonic() - t0:.1f} s")
+    finally:
+        shrink(ray_cluster)
+    # no trainer rank of the run is left once the command has exited
+    assert not ranks_of([pid for pid, _ in _live()]), "trainer ranks left running"
+
+
+def state_version(out: Path) -> int:
+    """The step of the run's last checkpoint (0: none yet)."""
+    try:
+        return int(orjson.loads((out / "state.json").read_bytes())["version"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def kill_trainer_node(cluster: Any, out: Path, worker: str) -> dict[str, Any]:
+    """Kill the Ray node that runs `worker`'s training replica, as a machine is lost."""
+    started = next(e for e in rows(out / "events.jsonl") if e["event"] == "fleet-started")
+    node_id = started["nodes"][worker]
+    node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+    raylet = node.all_processes["raylet"][0].process.pid
+    workers = descendants(raylet)
+    assert ranks_of(workers), f"no trainer rank of {worker} on its node"
+    cluster.remove_node(node, allow_graceful=False)
+    return {"node": node_id, "workers": workers}
 
 
 def kill_node_of(cluster: Any, out: Path, worker: str) -> dict[str, Any]:
@@ -196,8 +336,10 @@ def kill_node_of(cluster: Any, out: Path, worker: str) -> dict[str, Any]:
     raylet = node.all_processes["raylet"][0].process.pid
     workers = descendants(raylet)  # Ray's worker processes there, the actor's included
     assert actor in workers and engine in workers, (actor, engine, workers)
+    cpu_nodes = [n.node_id for n in cluster.worker_nodes]
     cluster.remove_node(node, allow_graceful=False)
-    return {"node": node_id, "engine": engine, "actor": actor, "workers": workers}
+    return {"node": node_id, "engine": engine, "actor": actor, "workers": workers,
+            "cpu_nodes": cpu_nodes}  # fmt: skip
 
 
 @pytest.mark.timeout(300)
@@ -238,5 +380,54 @@ async def test_an_engine_on_ray_stops_with_its_actor(
         assert b.process.returncode == LOST
         assert "gone" in b.process.last_error()
         await stop_engine(b, 1.0)  # stopping a lost engine is quiet
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_group_goes_to_the_node_it_prefers_when_that_node_has_room(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    """The primitive under "a hybrid switches roles on its own node": a group of
+    children (a training replica's ranks) asked for on a node with room lands there,
+    on either node; asked for on a full node it lands on another; and the children run
+    on their node with its address in their environment."""
+    import ray
+
+    from libra.cluster.config import ClusterSection
+    from libra.cluster.raychildren import remove_group, start_group
+    from libra.cluster.raylaunch import connect
+
+    def settled() -> None:  # both nodes' CPUs free again (a removal takes a moment)
+        deadline = time.monotonic() + 30
+        while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    connect(ClusterSection(backend="ray", address=ray_cluster.address))
+    try:
+        a, b = [n.node_id for n in ray_cluster.worker_nodes]
+        settled()
+        for want in (b, a):  # a child that ended gives its node back before `join` returns
+            group, [child] = start_group(
+                "prefers", "this", [{}], [tmp_path / f"zen-{want[:6]}.log"], cpus=1.0,
+                prefer=want, wait_s=30,
+            )  # fmt: skip
+            assert child.node == want
+            child.join(10)  # `python -m this` prints and exits
+            zen = (tmp_path / f"zen-{want[:6]}.log").read_text()
+            assert "Beautiful is better than ugly" in zen
+            remove_group(group)
+        hold, [held] = start_group("hold", "http.server", [{}], [tmp_path / "hold.log"],
+                                   cpus=1.0, prefer=a, wait_s=30)  # fmt: skip
+        assert held.node == a
+        group, [child] = start_group("elsewhere", "this", [{}], [tmp_path / "else.log"],
+                                     cpus=1.0, prefer=a, wait_s=30)  # fmt: skip
+        assert child.node == b  # a is full: the soft target gives way
+        child.join(10)
+        pid = held.pid
+        held.kill()
+        assert pid is not None and wait_gone(pid), "a killed child kept running"
+        remove_group(group)
+        remove_group(hold)
     finally:
         ray.shutdown()

@@ -37,3 +37,23 @@ def test_a_resumed_run_serves_the_checkpoints_weights(tmp_path: Path) -> None:
     cfg = load_config(ROOT / "examples/cpu-train.toml", {"weights.transport": "broadcast"})
     assert asyncio.run(_resumed_weights(cfg, tmp_path / "other", source, 3)).version == 3
     assert not (tmp_path / "other").exists()  # nothing written: the trainer sends them
+
+
+def test_a_resume_sets_aside_the_episodes_its_checkpoint_does_not_cover(tmp_path: Path) -> None:
+    """A run that stopped without a checkpoint at its end recorded groups its last
+    checkpoint never trained on; the resume draws them again under the same ids. They
+    move to `trajectories-superseded.jsonl`: each id once in `trajectories.jsonl`,
+    nothing finished deleted."""
+    import orjson
+
+    from libra.train.report import SUPERSEDED, set_aside_groups
+
+    path = tmp_path / "trajectories.jsonl"
+    recs = [{"id": f"g{g:06d}/{k}", "group_id": f"g{g:06d}"} for g in range(4) for k in range(2)]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    assert set_aside_groups(path, 2) == 4
+    kept = [orjson.loads(x)["id"] for x in path.read_bytes().splitlines()]
+    moved = [orjson.loads(x)["id"] for x in (tmp_path / SUPERSEDED).read_bytes().splitlines()]
+    assert kept == ["g000000/0", "g000000/1", "g000001/0", "g000001/1"]
+    assert moved == ["g000002/0", "g000002/1", "g000003/0", "g000003/1"]
+    assert set_aside_groups(path, 2) == 0  # a second resume at the same point: nothing

@@ -115,6 +115,26 @@ def test_a_run_places_every_worker_once_by_role() -> None:
                .values()) == {"any CPU core"}  # fmt: skip
 
 
+def test_on_a_cluster_a_start_asks_for_the_node_its_worker_left() -> None:
+    """With Ray picking the nodes, a worker not placed yet prefers no node; one that ran
+    somewhere (a hybrid's other role, an engine's restart) asks for that node again; a
+    layout change's new instance asks for the node a stopped one freed. On this
+    machine's devices `prefer` changes nothing: the GPUs are assigned, not preferred."""
+    from libra.cluster.placement import CLUSTER_PICKS, Slot
+    from libra.cluster.raylaunch import ray_node
+
+    node_a, node_b = "a" * 56, "b" * 56
+    where = Placement("cpu", node=CLUSTER_PICKS)
+    assert ray_node(where.assign("rollout0", 1).node) is None  # Ray picks freely
+    where.placed("hybrid0", Slot(node_a, "cpu"))  # its engine ran there
+    assert ray_node(where.assign("hybrid0", 1).node) == node_a
+    where.prefer("rollout5", node_b)  # a layout change freed node b
+    assert ray_node(where.assign("rollout5", 2).node) == node_b
+    local = Placement("cuda", (0, 1), field_name="fleet.vllm.gpus")
+    local.prefer("rollout5", node_b)
+    assert local.assign("rollout5", 2).devices == (0, 1)
+
+
 def test_cpu_placement_deals_cores_round_robin() -> None:
     c = cfg(vllm={"python": "py", "device": "cpu"})
     cores = os.cpu_count() or 1
