@@ -34,7 +34,7 @@ from libra.trainer.catchup import CatchUp
 from libra.trainer.config import TrainerConfig
 from libra.trainer.device import cross_replica_group
 from libra.trainer.membership import ControlLayout, Epoch, Member, Summary, next_epoch
-from libra.trainer.rendezvous import Background, GroupReaper, connect, get_str, wait_key
+from libra.trainer.rendezvous import PREFIX, Background, GroupReaper, connect, get_str, wait_key
 from libra.trainer.replica import Replica, sumsq
 from libra.trainer.report import StepResult
 from libra.trainer.samples import Sample
@@ -54,7 +54,7 @@ class ElasticWorker:
 
     def __init__(
         self, cfg: TrainerConfig, replica: Replica, *, member_id: str,
-        kind: Literal["core", "hybrid"], store_port: int, prefix: str = "libra",
+        kind: Literal["core", "hybrid"], store_port: int, prefix: str = PREFIX,
         store_host: str | None = None, host: str | None = None,
     ):  # fmt: skip
         self.cfg, self.ecfg = cfg, cfg.elastic

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from libra.errors import TrainerError
 from libra.trainer.config import TrainerConfig
-from libra.trainer.rendezvous import host_store
+from libra.trainer.rendezvous import PREFIX, host_store
 from libra.trainer.worker import WorkerSpec, main
 
 START_TIMEOUT_S = 900.0
@@ -285,6 +285,16 @@ class Ranks:
         return got, failed
 
     # -- ending -----------------------------------------------------------------------
+
+    def cancel_ticket(self, ticket: int) -> bool:
+        """Withdraw a hybrid's registration for it (its processes are gone), as its own
+        `cancel` would: False if the coordinator admitted it first (then the epoch's
+        recovery drops it)."""
+        from torch.distributed import PrefixStore
+
+        store = PrefixStore(PREFIX, self._store)
+        got = store.compare_set(f"ticket/{ticket}/state", "", "cancelled")
+        return bytes(got) == b"cancelled"
 
     def kill(self, rid: str) -> None:
         """Kill the processes of `rid` now (a failed replica) and reap them."""

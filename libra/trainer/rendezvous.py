@@ -33,6 +33,8 @@ from torch.distributed import PrefixStore, Store, TCPStore
 log = logging.getLogger("libra.trainer")
 
 STORE_TIMEOUT = datetime.timedelta(seconds=300)
+PREFIX = "libra"
+"""The keys of the elastic protocol (tickets, epochs) live under this prefix."""
 
 
 def host_store(host: str = "127.0.0.1", port: int = 0) -> TCPStore:
@@ -156,4 +158,13 @@ class GroupReaper:
         self._retiring = []
 
 
-__all__ = ["Background", "GroupReaper", "connect", "get_str", "host_store", "retire", "wait_key"]
+__all__ = [
+    "PREFIX",
+    "Background",
+    "GroupReaper",
+    "connect",
+    "get_str",
+    "host_store",
+    "retire",
+    "wait_key",
+]

@@ -57,6 +57,8 @@ class ElasticTrainer:
         self._events: list[MembershipEvent] = []
         self._stall: dict[str, float] = {}
         self._ids = itertools.count()
+        self._tickets: dict[str, int] = {}
+        """A hybrid's registration ticket (its last), to withdraw it if it is dropped."""
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -100,9 +102,13 @@ class ElasticTrainer:
             raise ConfigError(f"no hybrid replica {replica_id!r}")
         if st.state in ("left", "dropped"):
             return
-        if st.state == "starting":
-            self._await_ready(replica_id, time.monotonic() + START_TIMEOUT_S)
-        replies = self._ranks.ask(replica_id, ("leave",))
+        try:
+            if st.state == "starting":
+                self._await_ready(replica_id, time.monotonic() + START_TIMEOUT_S)
+            replies = self._ranks.ask(replica_id, ("leave",))
+        except TrainerError:  # it died (its node lost): nothing left to leave
+            self._drop(replica_id)
+            return
         if any(r == ("ok", "withdrawn") for r in replies):
             st.state = "left"
             self._ranks.reap(replica_id)
@@ -241,7 +247,7 @@ class ElasticTrainer:
         st = self._status[rid]
         st.start_s = time.perf_counter() - self._spawned[rid]
         if st.kind == "hybrid":
-            self._ranks.ask(rid, ("register",))
+            self._tickets[rid] = int(self._ranks.ask(rid, ("register",))[0])
         st.state = "ready" if st.kind == "core" else "waiting"
 
     def _poll_starting(self) -> None:
@@ -284,6 +290,8 @@ class ElasticTrainer:
         st = self._status[rid]
         if st.state in ("dropped", "left"):
             return
+        if st.state == "waiting" and rid in self._tickets:  # registered, maybe not admitted:
+            self._ranks.cancel_ticket(self._tickets[rid])  # the coordinator must not admit it
         st.state = "dropped"
         self._events.append(MembershipEvent("dropped", rid, update or self.updates, stall_s=stall))
         self._ranks.kill(rid)
