@@ -172,7 +172,7 @@ class ElasticWorker:
         stats = self._compute(list(samples), old) if st.ready else grpo.LocalStats()
         tm["compute_s"] = clock() - t
         # The next epoch's group was built in the background during the compute.
-        tm["wait_group_s"] = self._maybe_switch(u)
+        tm["wait_group_s"] = self._maybe_switch(u, dropped)
         while True:
             t = clock()
             flat = self.bufs[u % 2]
@@ -369,7 +369,15 @@ class ElasticWorker:
         if jobs:
             self.donor.add(jobs)
 
-    def _maybe_switch(self, u: int) -> float:
+    def _maybe_switch(self, u: int, dropped: list[str]) -> float:
+        """Switch to the epoch that starts at update `u`, if one does (its group was
+        built in the background). A build that fails means a member never came: one
+        admitted after its last message, whose process then died (its node lost). Its
+        group cannot form, so this rank opens a recovery, as after a failed all-reduce,
+        and the epoch it decides (without that member) is current from `u` on; the
+        members it left out are added to `dropped`."""
+        from libra.trainer.recovery import recover
+
         st = self.state
         if st.pending is None:
             return 0.0
@@ -380,7 +388,14 @@ class ElasticWorker:
             raise TrainerError(f"{self.id}: epoch {st.pending.name} was due at update "
                                f"{st.pending.start}, now {u}")  # fmt: skip
         donated = st.pending.donated
-        spec, pg = st.pending.job.result(self.ecfg.timeout_s + 30)
+        try:
+            spec, pg = st.pending.job.result(self.ecfg.timeout_s + 30)
+        except (RuntimeError, TimeoutError) as e:  # c10d's store / gloo errors, our timeout
+            log.warning("%s/%d: epoch %s did not form (%s); recovering", self.id, self.rank,
+                        st.pending.name, str(e)[:200])  # fmt: skip
+            outcome = recover(self, u)
+            dropped += outcome.dropped
+            return time.perf_counter() - t
         self._switch(spec, pg, donate=not donated)
         return time.perf_counter() - t
 

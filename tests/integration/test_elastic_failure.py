@@ -108,3 +108,29 @@ def test_hung_hybrid_is_dropped_after_the_timeout(tmp_path):
     assert after and all(r["applied"] for r in after)
     hashes = {r["update"]: r["hash"] for r in logs["h0-0"] if r["applied"]}
     assert hashes and all(hashes[u] == core[u - 1]["hash"] for u in hashes)
+
+
+def test_a_member_admitted_that_never_arrives_is_dropped(tmp_path):
+    """A hybrid admitted after its last message, whose process then died (its node lost
+    between two updates; seen in CI on a Ray cluster): the next epoch's group cannot
+    form. The core's build of it times out, a recovery drops the member, and the core
+    trains on instead of failing. Here the member is a registration nobody will serve
+    (an id, an address that refuses connections), admitted at the first update."""
+    import json
+
+    model = micro_model(tmp_path / "model")
+    store = host_store()
+    cfg = config(model, timeout_s=TIMEOUT_S, report_window_s=1.0)
+    members = connect("127.0.0.1", store.port, "libra")
+    ticket = int(members.add("tickets", 1))
+    members.set(f"ticket/{ticket}", json.dumps({"id": "gone", "addrs": ["127.0.0.1:9"],
+                                                "ranks": 1}))  # fmt: skip
+    plan = MemberPlan(id="c0", kind="core", rank=0, size=1, core_ids=["c0"], config=cfg,
+                      port=store.port, log=str(tmp_path / "c0.jsonl"), max_updates=6)  # fmt: skip
+    core = run_scenario([plan], timeout=600)["c0-0"]
+    assert [r["update"] for r in core] == list(range(1, 7))  # trained on to the end
+    drops = [r for r in core if r["dropped"]]
+    assert [r["dropped"] for r in drops] == [["gone"]]
+    assert drops[0]["applied"] and drops[0]["members"] == ["c0"]
+    assert drops[0]["timings"]["wait_group_s"] >= TIMEOUT_S * 0.9  # the build's timeout
+    assert all(r["applied"] for r in core)

@@ -208,6 +208,8 @@ TRAINER_CONFIG = (
         "core_rollout = 2\nhybrids = 0", 'core_rollout = 1\nhybrids = 1\nhybrid_start = "train"'
     )
     .replace("plots = false", "plots = false\ncheckpoint_every = 2")
+    # a member lost between its admission and its epoch holds the core this long
+    + "\n[trainer.elastic]\ntimeout_s = 20\n"
 )
 
 
