@@ -188,7 +188,12 @@ class Replanner(Fixed):
             timed.append((s, layout))
             bound = min(bound, s)
         # a static layout's pilot with oracle routing is its plain pilot when it has one
-        # bucket (both searches' layouts do), so the times compare
+        # bucket (both searches' layouts do), so the times compare. A static layout that
+        # is one of the planner's candidates is that candidate (which carries its plan):
+        # its two pilots may differ in the last digits (event order), and which of the two
+        # won must not decide whether the run has a plan to replan from.
+        mine = {self.key(layout) for _, layout in timed}
+        known = [(t, layout) for t, layout in known if self.key(layout) not in mine]
         best_s, best = min([*timed, *known], key=lambda x: x[0])
         if not math.isfinite(best_s):
             best = timed[0][1]  # nothing finished its pilot: the planner's first choice
