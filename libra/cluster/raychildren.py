@@ -61,6 +61,7 @@ class RayChild:
         self._wait_s, self._bundle = wait_s, bundle
         self._why = ""
         self._host = ""
+        self._killed = False
 
     @property
     def node(self) -> str:
@@ -95,10 +96,15 @@ class RayChild:
                 "(`ray status` shows the cluster's resources; add nodes or ask for less)"
             )
             return False
-        return not self._why
+        return True
 
     def kill(self) -> None:
-        """Kill its process group, its actor and its placement group."""
+        """Kill its process group, its actor and its placement group (once: a second
+        call, as `Ranks.kill` then `reap` make, would wait again on an actor whose node
+        is gone)."""
+        if self._killed:
+            return
+        self._killed = True
         if self._proc is not None:
             self._proc.kill()
         else:
