@@ -82,6 +82,16 @@ def _run_s(p: HasIterationTime, steps: int) -> float:
     return float(run(steps)) if run is not None else steps * float(p.t_iter)
 
 
+def _drain_s(current: HasIterationTime, candidate: HasIterationTime) -> float:
+    """What leaving a pipelined plan for an alternating one (time-shared, synchronous)
+    costs at the move: the pipeline drains, the batch in flight trains with nothing
+    beside it. The pipelined plan's `run_s` charges that end (min(T_rollout, T_train))
+    to the last step; moving pays it now, so staying cannot be charged it alone."""
+    if getattr(current, "sync", True) or not getattr(candidate, "sync", False):
+        return 0.0
+    return float(min(current.t_rollout, current.t_train))  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True, slots=True)
 class ReconfigCost:
     """What changing from one plan to another costs, in seconds of iteration time."""
@@ -169,8 +179,9 @@ class ReplanPolicy:
         cur, cand = float(current.t_iter), float(candidate.t_iter)
         n = max(remaining_steps, 0)
         if math.isfinite(cur) and math.isfinite(cand) and n:
-            # Over the remaining steps, with the end a pipelined plan cannot overlap.
-            gain = _run_s(current, n) - _run_s(candidate, n)
+            # Over the remaining steps, with the end a pipelined plan cannot overlap (paid
+            # at the move when the candidate alternates).
+            gain = _run_s(current, n) - _run_s(candidate, n) - _drain_s(current, candidate)
             per_step = gain / n
             base = _run_s(current, n) / n
         else:
