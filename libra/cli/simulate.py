@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         help="all | baselines | ladder | NAME,... (names: verl-colocated, "
         "verl-static-uniform, verl-greedy-heuristic, areal-static-optimal, "
         "best-static-colocated, libra-homogeneous, libra-hetero-tp, libra-cmlfq, libra, "
-        "ceiling, libra-oracle-routing; all = every one but the last)",
+        "ceiling, and the diagnostics libra-oracle-routing, libra-oracle-from-first-return; "
+        "all = every one but the diagnostics)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
     p.add_argument(

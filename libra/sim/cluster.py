@@ -229,6 +229,7 @@ class Simulation:
             policy.tree = old.tree
         self.fleet.set_routing(buckets, policy, pooled=pooled)
         self.fleet.oracle = self.spec.routing == "oracle"
+        self.fleet.oracle_from = self.spec.oracle_from
 
     def mark(self) -> None:
         """Record the GPU allocation now (for the plot)."""

@@ -184,7 +184,9 @@ class Replanner(Fixed):
         bound = min((s for s, _ in known), default=math.inf)
         timed: list[tuple[float, Layout]] = []
         for layout in self.options(env.initial, 0, first=True):
-            s = search.pilot(env, layout, oracle=oracle, bound=bound)
+            s = search.pilot(
+                env, layout, oracle=oracle, oracle_from=self.spec.oracle_from, bound=bound
+            )
             timed.append((s, layout))
             bound = min(bound, s)
         # a static layout's pilot with oracle routing is its plain pilot when it has one
@@ -296,7 +298,8 @@ class Replanner(Fixed):
         from libra.sim import search  # it simulates, so it imports the simulation
 
         tree = getattr(self.sim.fleet.policy, "tree", None)
-        return search.replay(self.sim.env, layout, step, self.spec.routing, tree)
+        spec = self.spec
+        return search.replay(self.sim.env, layout, step, spec.routing, tree, spec.oracle_from)
 
     def _model(self, layout: Layout, stats: Any) -> Any:
         assert layout.plan is not None

@@ -99,7 +99,11 @@ class Fleet:
         self.retired_busy_gpu_s = 0.0
         self.oracle = False
         """Diagnostic: start every episode in the bucket of its true final length (and
-        place it exactly there: no spilling)."""
+        place it exactly there: no spilling), or with `oracle_from`, route it so later."""
+        self.oracle_from = 0
+        """Diagnostic, with `oracle`: k > 0 places an episode as the policy does until its
+        k-th tool return, then answers for the policy at every return: the bucket of the
+        episode's true final length (a floor, as any policy's answer is)."""
         self.spill = True
         """Place on the least-loaded instance of the chosen bucket or a larger one."""
         self._n = 0
@@ -205,12 +209,17 @@ class Fleet:
         state = EpisodeState(run.uid, ep.task_id, ep.prompt, ep.prompt, (), "", 0)
         assert self.policy is not None
         bi = self._index.get(self.policy.on_start(state), 0)
-        if self.oracle:
+        if self._exact:
             bi = self._fits(ep.total)
         if bi < self._last and self._bounds[bi] < ep.prompt:
             bi = self._fits(ep.prompt)
             self.moves["overflow"] += 1
         self._place(run, bi, now, None)
+
+    @property
+    def _exact(self) -> bool:
+        """Every episode starts in the bucket of its length, exactly (the oracle)."""
+        return self.oracle and not self.oracle_from
 
     def _bucket(self, run: Run) -> int:
         """The bucket `run` was routed to (where it goes back to after losing its
@@ -227,7 +236,7 @@ class Fleet:
         bucket that has one (larger first: its bound fits)."""
         live = self._live[bi]
         top = self._last if top is None else top
-        if live and (not self.spill or self.oracle or bi >= top):
+        if live and (not self.spill or self._exact or bi >= top):
             return bi, min(live, key=_load) if len(live) > 1 else live[0]
         if live:
             best, where, load = None, bi, float("inf")
@@ -298,7 +307,9 @@ class Fleet:
         fi = min(self._tpi.get(run.floor, bi), bi)  # where it was routed
         to, why = fi, "policy"
         states = ep.states[t]
-        if states and self._consult:
+        if self.oracle and self.oracle_from and run.turn >= self.oracle_from:
+            to = self._fits(ep.total)  # (diagnostic) as a policy that knows would answer
+        elif states and self._consult:
             run.states = run.states + states
             state = EpisodeState(
                 run.uid, ep.task_id, ep.prompt, ctx, run.states, self.buckets[fi].name, t + 1

@@ -72,7 +72,8 @@ def summarize(sim: Simulation, cpu_s: float, wall_s: float) -> dict[str, Any]:
             "idle": round(max(0.0, 1.0 - (rollout + train + reconfig) / gpu_s), 4),
         },
         "routing": {
-            "policy": sim.spec.routing,
+            "policy": sim.spec.routing
+            + (f" from tool return {sim.spec.oracle_from}" if sim.spec.oracle_from else ""),
             "moves_per_episode": {k: round(v / episodes, 4) for k, v in fleet.moves.items()},
             "migrated_token_ratio": round(fleet.reprefill_tokens / max(all_tokens, 1), 4),
         },

@@ -105,21 +105,28 @@ def colocated_candidates(env: Env, tp: int | None = None) -> list[Layout]:
 
 
 _PILOT = SystemSpec("pilot", "a candidate layout's pilot run", split="even")
-_PILOT_ORACLE = replace(_PILOT, routing="oracle")
 
 
 def pilot_steps(env: Env) -> int:
     return min(env.cfg.pilot_steps, env.cfg.steps)
 
 
-def pilot(env: Env, layout: Layout, *, oracle: bool = False, bound: float = math.inf) -> float:
+def _pilot_spec(routing: str, oracle_from: int) -> SystemSpec:
+    return replace(_PILOT, routing=routing, oracle_from=oracle_from)
+
+
+def pilot(
+    env: Env, layout: Layout, *, oracle: bool = False, oracle_from: int = 0,
+    bound: float = math.inf,
+) -> float:  # fmt: skip
     """The run's time on `layout`, fixed, as its pilot predicts it: the first
     `pilot_steps` batches simulated, the first step as it took (the pipeline filling up),
     every later step of the run at the pilot's mean iteration after the first (the
-    steady state). `inf` as soon as the prediction is sure to exceed `bound`."""
+    steady state). `inf` as soon as the prediction is sure to exceed `bound`. `oracle`:
+    routed by the oracle from tool return `oracle_from` (`SystemSpec.oracle_from`)."""
     from libra.sim.cluster import Simulation
 
-    sim = Simulation(_PILOT_ORACLE if oracle else _PILOT, env, layout)
+    sim = Simulation(_pilot_spec("oracle" if oracle else "static", oracle_from), env, layout)
     k = sim.steps = pilot_steps(env)
     n, t_end = env.cfg.steps, sim.t_end
 
@@ -137,7 +144,9 @@ def pilot(env: Env, layout: Layout, *, oracle: bool = False, bound: float = math
     return t_end[0] + (n - 1) * (t_end[k - 1] - t_end[0]) / (k - 1)
 
 
-def replay(env: Env, layout: Layout, step: int, routing: str, tree: Any = None) -> float:
+def replay(
+    env: Env, layout: Layout, step: int, routing: str, tree: Any = None, oracle_from: int = 0
+) -> float:
     """Seconds batch `step` (one the run has finished: its episodes are known) takes to
     roll out on `layout`, alone on a fresh cluster, routed by `routing` (C-MLFQ starting
     from a copy of `tree`, what the run's router has learned; the copy is discarded).
@@ -155,7 +164,7 @@ def replay(env: Env, layout: Layout, step: int, routing: str, tree: Any = None) 
         Workload(env.workload.name, [env.workload.batch(step)]),
     )  # fmt: skip
     sub.max_context = env.max_context  # the run's bucket bounds
-    sim = Simulation(replace(_PILOT, routing=routing), sub, layout)
+    sim = Simulation(_pilot_spec(routing, oracle_from), sub, layout)
     if tree is not None and hasattr(sim.fleet.policy, "tree"):
         sim.fleet.policy.tree = copy.deepcopy(tree)  # type: ignore[union-attr]
     sim.steps = 1

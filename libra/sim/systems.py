@@ -29,7 +29,13 @@ class SystemSpec:
     of every instance, least-loaded per GPU: no length-aware routing), or a
     `libra.routing.make_policy` name routing over the plan's buckets (`mlfq`, `cmlfq`),
     or `oracle` (a diagnostic upper bound, not a policy: every episode starts in the
-    bucket of its true final length and never moves)."""
+    bucket of its true final length and never moves; see `oracle_from`)."""
+    oracle_from: int = 0
+    """With `oracle` routing, the tool return from which the oracle routes: 0, from the
+    start; k > 0, each episode is placed as `static` places it (the smallest bucket that
+    fits, spilling to a less loaded larger one) until its k-th tool return, then moves,
+    once, to the bucket of its true final length. What a router could gain that knew
+    every length exactly as soon as the episode had run k turns, and no sooner."""
     replan: bool = False
     """Replan from fresh trajectories (`ReplanPolicy`) during the run."""
     elastic: bool = False
@@ -120,6 +126,17 @@ SYSTEMS: dict[str, SystemSpec] = {
             replan=True,
             elastic=True,
         ),
+        SystemSpec(
+            "libra-oracle-from-first-return",
+            "diagnostic: Libra with routing that knows every episode's final length from "
+            "its first tool return on (not at its start)",
+            split="planner",
+            hetero=True,
+            routing="oracle",
+            replan=True,
+            elastic=True,
+            oracle_from=1,
+        ),
     )
 }
 
@@ -149,7 +166,7 @@ BASELINES = ("verl-colocated", "verl-static-uniform", "verl-greedy-heuristic",
 """The systems Libra is measured against (the best of them per run is the bar)."""
 
 GROUPS = {
-    "all": [n for n in SYSTEMS if n != "libra-oracle-routing" and "@" not in n],
+    "all": [n for n in SYSTEMS if not n.startswith("libra-oracle") and "@" not in n],
     "paper-tp": [*(n for n in SYSTEMS if n.endswith(f"@tp{PAPER_TP}")), "libra"],
     "baselines": [*BASELINES, "libra"],
     "ladder": ["verl-static-uniform", "libra-homogeneous", "libra-hetero-tp", "libra-cmlfq",

@@ -5,6 +5,7 @@ system is driven by the real planner and routing code."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,36 @@ def test_trace_replay(tmp_path):
 def test_oracle_routing_needs_no_moves(results):
     r = results["libra-oracle-routing"]["routing"]["moves_per_episode"]
     assert r["policy"] == 0 and r["overflow"] < 0.05
+
+
+def test_oracle_from_the_first_return_knows_lengths_only_from_then(env):
+    """The diagnostic behind `libra-oracle-from-first-return`: an episode is placed as
+    static routing places it (a long one may start in a bucket too small for it), and
+    from its first tool return on it is routed to the bucket of its true final length,
+    so it never outgrows a bucket after that return; static routing, which learns
+    nothing, does."""
+    hetero = env.planned(env.initial, hetero=True, step=0)
+    assert len(hetero.mix) > 1
+    late: dict[str, int] = {}
+    for name, spec in (
+        ("static", replace(SYSTEMS["ceiling"], routing="static")),
+        ("from-first-return", replace(SYSTEMS["ceiling"], oracle_from=1)),
+    ):
+        sim = Simulation(spec, env, layout=hetero)
+        place = sim.fleet._place
+        late[name] = 0
+
+        def record(run, bi, now, moved, top=None, place=place, name=name):
+            if moved == "overflow" and run.turn >= 1:
+                late[name] += 1
+            place(run, bi, now, moved, top)
+
+        sim.fleet._place = record
+        sim.run()
+        if name != "static":
+            assert sim.fleet.moves["policy"] > 0  # moved up before outgrowing its bucket
+    assert late["static"] > 0
+    assert late["from-first-return"] == 0
 
 
 def test_time_accounting_is_finite(results):
