@@ -28,17 +28,22 @@
   when the layout it replaced measures faster, by any margin (`decide(revert=True)`: the
   change was made on a prediction, and the measurement says it did not pay). Options
   are ranked by their time over the remaining steps (`Timed.run_s`), as `decide` weighs
-  them.
+  them. A batch that outgrows the training configuration (a sequence longer than its
+  micro-batch budget) restarts the trainer on the best one that fits, for every system
+  (`libra.sim.trainer.Trainer.step`); the current layout follows the trainer
+  (`Replanner.follow_trainer`), so that staying is priced as what it is, not as a layout
+  that cannot run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from libra.errors import ConfigError
-from libra.planner import ReplanPolicy, Signals, evaluate_plan, reconfig_cost
+from libra.planner import ReplanPolicy, Signals, evaluate_plan, evaluate_train, reconfig_cost
 from libra.planner.measured import Measurements, Scale, Timed, calibration
 from libra.sim.layout import Layout
 from libra.sim.systems import SystemSpec
@@ -215,6 +220,7 @@ class Replanner(Fixed):
         if sim.layout.plan is None:
             return
         stats = env.stats(step)
+        self.follow_trainer(stats)
         ran = evaluate_plan(sim.layout.plan, env.model, env.hw, stats, env.settings)
         step_scale = calibration(ran, signals)
         settled = sim.released[step] >= self.settled_at and sim.t_start[step] >= self.settled_at
@@ -266,6 +272,18 @@ class Replanner(Fixed):
             self.forecast = (self.key(best), best_f)
             sim.apply(best)
             self.settled_at = max(sim.loop.now + self.start_s(best), sim.trainer.stall_until)
+
+    def follow_trainer(self, stats: Any) -> None:
+        """The layout takes the training configuration the trainer runs: it restarted on
+        the best fitting one when a batch (`stats`, the one it just trained) outgrew its
+        own, as a static system's trainer does."""
+        sim, env = self.sim, self.sim.env
+        layout, config = sim.layout, sim.trainer.config
+        if config == layout.train or layout.plan is None:
+            return
+        train = evaluate_train(env.model, env.hw, stats, config, env.settings)
+        plan = dataclasses.replace(layout.plan, train=train)
+        sim.layout = dataclasses.replace(layout, train=config, plan=plan, predicted_t_iter=math.nan)
 
     def predict(
         self, layout: Layout, stats: Any, step: int, step_scale: Scale, signals: Signals,

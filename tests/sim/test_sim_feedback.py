@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import math
+
 from libra.errors import ConfigError
 from libra.planner import instance_cost, load_hardware, load_model, plan
 from libra.planner.measured import Timed
@@ -107,9 +109,8 @@ def test_the_replanner_leaves_a_plan_that_measured_slower_than_modelled():
     """dapo-math on 48 GPUs: C-MLFQ's rollout on the planner's heterogeneous plan
     measures well above the model (which assumes every length on its ideal instance
     type); the calibrated prediction moves Libra to a single-bucket plan (the uniform-TP
-    split, or over these few steps the time-shared plan, which has no pipeline end to
-    drain)."""
-    env = build_env(SimConfig(workload="dapo-math", gpus=48, steps=4, seed=0))
+    split, or the time-shared plan)."""
+    env = build_env(SimConfig(workload="dapo-math", gpus=48, steps=8, seed=0))
     hetero, uniform = layouts(env)
     shared = env.planned(env.stats(0), hetero=False, step=0, colocated=True)
     assert len(hetero.mix) > 1 and len(uniform.mix) == 1
@@ -154,3 +155,25 @@ def test_a_change_that_measured_slower_is_reverted(monkeypatch):
     assert applied[0]["candidate"]["rollout"] == half.describe()["rollout"]
     assert applied[1].get("revert") and applied[1]["trigger"] in ("check", "imbalance")
     assert Replanner.key(sim.layout) == Replanner.key(hetero)
+
+
+def test_a_batch_that_outgrows_the_training_configuration_is_priced_as_a_restart():
+    """Qwen3-32B's training configuration is sized to the longest sequence of the batch
+    it was planned on; a later batch with a longer one restarts the trainer on the best
+    configuration that fits (as for every system). The replanner prices staying as that
+    configuration, not as a layout that cannot run (which forced a move at any cost:
+    Libra lost 1-7% to the static split it started on, docs/simulation.md)."""
+    cfg = SimConfig(
+        workload="search-r1-causal", gpus=32, steps=4, seed=0, model="qwen3-32b",
+        hardware="h100-80g",
+    )  # fmt: skip
+    env = build_env(cfg)
+    start = env.planned(env.stats(0), hetero=False, step=0)
+    sim = Simulation(SYSTEMS["libra-homogeneous"], env, layout=start)
+    sim.run()
+    assert sim.trainer.restarts >= 1  # a batch outgrew the configuration
+    assert sim.layout.train == sim.trainer.config
+    assert sim.decisions
+    for d in sim.decisions:
+        assert math.isfinite(d["current_t_iter"]), d["reason"]
+        assert "cannot run" not in d["reason"]
