@@ -32,7 +32,9 @@
   micro-batch budget) restarts the trainer on the best one that fits, for every system
   (`libra.sim.trainer.Trainer.step`); the current layout follows the trainer
   (`Replanner.follow_trainer`), so that staying is priced as what it is, not as a layout
-  that cannot run.
+  that cannot run. A start the pilots chose is not re-decided on the batches they ran
+  (`Replanner.piloted`); a static search's layout chosen as the start gets a plan of its
+  own configuration (`Env.with_plan`), so Libra can leave it.
 """
 
 from __future__ import annotations
@@ -141,6 +143,9 @@ class Replanner(Fixed):
         """The forward model against the simulation, one entry per chosen layout: its
         prediction (made before it ran: the model times the factors known then), re-timed
         on the batch of its first settled step, and that step's measured iteration."""
+        self.piloted = 0
+        """Batches the pilots that chose the start ran on every candidate (0: the start
+        was given)."""
 
     @staticmethod
     def key(layout: Layout) -> Hashable:
@@ -205,7 +210,8 @@ class Replanner(Fixed):
         if not math.isfinite(best_s):
             best = timed[0][1]  # nothing finished its pilot: the planner's first choice
         self.forecast = (self.key(best), (1.0, 1.0))
-        return best
+        self.piloted = search.pilot_steps(env)
+        return env.with_plan(best, env.initial)  # a static search's layout gets one
 
     def on_step_end(self, step: int) -> None:
         sim, env = self.sim, self.sim.env
@@ -235,6 +241,12 @@ class Replanner(Fixed):
         why = self.policy.should_replan(signals)
         if why is None and self.unchecked and settled:
             why = "check"  # the change has run a step wholly: was it worth it?
+        if step < self.piloted:
+            # The pilots that chose the start ran this batch and the next ones on every
+            # start candidate: a decision on this batch alone would overrule the
+            # evidence of several batches with that of one (measured: moves made on a
+            # first batch unlike the next ones lost 4-8% to the layout left).
+            return
         # Only batches not yet released run in a new layout (with staleness, the next
         # one is already rolling out in this one).
         remaining = sim.steps - sim.next_batch

@@ -10,7 +10,7 @@ contexts up to the longest its plan assigned it (the largest serves everything).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -24,10 +24,12 @@ from libra.planner import (
     WorkloadStats,
     best_train,
     evaluate_rollout,
+    evaluate_train,
     instance_cost,
     plan,
     plan_colocated,
     tp_supported,
+    weight_sync_time,
 )
 from libra.planner.search import colocated_settings
 from libra.routing import Bucket
@@ -192,6 +194,29 @@ class Env:
             kind = "colocated uniform-TP" if colocated else "uniform-TP"
             raise ConfigError(f"no {kind} plan serves {self.workload.name}")
         return Layout.of_plan(best, self.max_context)
+
+    def with_plan(self, layout: Layout, stats: WorkloadStats) -> Layout:
+        """`layout` with a `Plan` of its own configuration timed on `stats`: a static
+        search's layout has none, and the replanner times, calibrates and compares a
+        layout through its plan (without one it could never move)."""
+        if layout.plan is not None:
+            return layout
+        train = evaluate_train(self.model, self.hw, stats, layout.train, self.settings)
+        settings = self.settings_for(layout)
+        rollout = evaluate_rollout(self.model, self.hw, stats, layout.mix, settings)
+        tps = [g.tp for g in rollout.groups if g.instances] or [1]
+        p = Plan(
+            gpus=self.cfg.gpus,
+            model=self.model.id,
+            hardware=self.hw.id,
+            sync=layout.shared or self.settings.sync,
+            train=train,
+            rollout=rollout,
+            sync_s=weight_sync_time(self.model, self.hw, min(tps)),
+            search={"static": True},
+            colocated=layout.shared,
+        )
+        return replace(layout, plan=p, predicted_t_iter=p.t_iter)
 
     @cached_property
     def initial(self) -> WorkloadStats:

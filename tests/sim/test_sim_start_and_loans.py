@@ -40,6 +40,27 @@ def test_libra_starts_on_the_fastest_pilot_of_its_candidates_and_the_static_layo
     assert start == min([*planners, *(s.pilot_s for s in statics)])
 
 
+def test_a_static_search_layout_gets_a_plan_so_that_libra_can_leave_it():
+    """Libra may start on a static search's layout (its pilot was the fastest), which has
+    no plan; the replanner times and calibrates a layout through its plan, so without
+    one it never decided again. `Env.with_plan` gives it one of its own configuration."""
+    env = build_env(SimConfig(**dict(TINY, steps=8)))
+    static = search.best_static(env, colocated=False).best
+    assert static.plan is None
+    planned = env.with_plan(static, env.initial)
+    same = ("train", "mix", "bounds", "shared")
+    assert [getattr(planned, f) for f in same] == [getattr(static, f) for f in same]
+    assert planned.plan is not None and planned.plan.train.config == static.train
+    assert planned.plan.rollout.mix() == static.mix
+    assert math.isfinite(evaluate_plan(planned.plan, env.model, env.hw, env.stats(1)).t_iter)
+    runs = {}
+    for name, layout in (("without", static), ("with", planned)):
+        sim = Simulation(SYSTEMS["libra-homogeneous"], env, layout=layout)
+        sim.run()
+        runs[name] = sim.decisions
+    assert not runs["without"] and runs["with"]
+
+
 def test_an_untried_mix_is_forecast_by_replaying_the_finished_batch():
     """dapo-math on 48 GPUs, running the uniform-TP plan under C-MLFQ after one step: the
     heterogeneous plan (never run) is forecast from the replay of step 0's batch on it,

@@ -133,9 +133,14 @@ def test_cmlfq_systems_route_with_the_real_policy_and_learn(env, results):
 
 
 def test_replanning_goes_through_the_replan_policy(results):
-    for name in ("libra-homogeneous", "libra-hetero-tp", "libra-cmlfq", "libra"):
-        decisions = results[name]["decisions"]
-        assert decisions, name
+    """Every replanning rung decides through `ReplanPolicy`, from the first batch the
+    pilots that chose its start did not run (`Replanner.piloted`) on."""
+    names = ("libra-homogeneous", "libra-hetero-tp", "libra-cmlfq", "libra")
+    longer = simulate(SimConfig(**dict(SMALL, steps=8)), [SYSTEMS[n] for n in names])
+    for r in longer["systems"]:
+        decisions = r["decisions"]
+        assert decisions, r["system"]
+        assert min(d["step"] for d in decisions) == longer["config"]["pilot_steps"]
         for d in decisions:
             assert d["trigger"] in ("periodic", "imbalance", "queue-pressure")
             assert d["reason"].startswith(("applied", "kept"))
