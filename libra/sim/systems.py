@@ -33,9 +33,11 @@ class SystemSpec:
     oracle_from: int = 0
     """With `oracle` routing, the tool return from which the oracle routes: 0, from the
     start; k > 0, each episode is placed as `static` places it (the smallest bucket that
-    fits, spilling to a less loaded larger one) until its k-th tool return, then moves,
-    once, to the bucket of its true final length. What a router could gain that knew
-    every length exactly as soon as the episode had run k turns, and no sooner."""
+    fits, spilling to a less loaded larger one) until its k-th tool return; from then
+    on the router's answer at every return is the bucket of its true final length,
+    which the fleet applies as any policy's answer (a floor: an episode below it moves
+    up to it). What a router could gain that knew every length exactly as soon as the
+    episode had run k turns, and no sooner."""
     replan: bool = False
     """Replan from fresh trajectories (`ReplanPolicy`) during the run."""
     elastic: bool = False
