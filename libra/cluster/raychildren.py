@@ -26,8 +26,6 @@ from libra.cluster.raylaunch import EngineHost, RayProcess, _ray, ray_node
 
 ENV_HOST = "LIBRA_NODE_HOST"
 """Set in every child's environment: the address of its node (its sockets bind there)."""
-NODE_WAIT_S = 10.0
-"""How long asking for a child's node waits for Ray to place it."""
 
 
 class ChildHost(EngineHost):
@@ -65,9 +63,11 @@ class RayChild:
 
     @property
     def node(self) -> str:
-        """Its Ray node id (waits up to `NODE_WAIT_S` for Ray to place it; `pending` if
-        it is still waiting for room)."""
-        proc = self._started(NODE_WAIT_S)
+        """Its Ray node id: waits for Ray to place it and its actor to start it, up to
+        the placement timeout the group was started with (`pending` after that, or once
+        it is gone). A fixed 10 s was too short on a loaded machine: a Ray worker process
+        alone took longer to start, and `fleet-started` named a node `pending`."""
+        proc = self._started(max(0.0, self._deadline - time.monotonic()))
         return proc.node if proc is not None else "pending"
 
     @property
