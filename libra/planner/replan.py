@@ -84,12 +84,14 @@ def _run_s(p: HasIterationTime, steps: int) -> float:
 
 def _drain_s(current: HasIterationTime, candidate: HasIterationTime) -> float:
     """What leaving a pipelined plan for an alternating one (time-shared, synchronous)
-    costs at the move: the pipeline drains, the batch in flight trains with nothing
-    beside it. The pipelined plan's `run_s` charges that end (min(T_rollout, T_train))
-    to the last step; moving pays it now, so staying cannot be charged it alone."""
+    costs at the move: the pipeline drains, the batch in flight (rolled out in the
+    pipelined plan) trains in the candidate with nothing beside it, its T_train. The
+    pipelined plan's `run_s` charges its own unoverlapped end to its last step; an
+    alternating candidate's `run_s` counts only the batches after the move, so without
+    this term a move near the end of a run looked like it saved the whole end."""
     if getattr(current, "sync", True) or not getattr(candidate, "sync", False):
         return 0.0
-    return float(min(current.t_rollout, current.t_train))  # type: ignore[attr-defined]
+    return float(candidate.t_train)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
