@@ -20,6 +20,7 @@ from libra.planner.evaluate import (
     evaluate_rollout,
     evaluate_train,
     solve_rollout,
+    time_config,
 )
 from libra.planner.profiles import (
     Efficiency,
@@ -112,6 +113,7 @@ __all__ = [
     "prefill_time",
     "reconfig_cost",
     "solve_rollout",
+    "time_config",
     "tp_supported",
     "train_memory",
     "train_step_time",

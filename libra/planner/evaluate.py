@@ -5,7 +5,8 @@
 - `solve_rollout`: the fastest mix on a GPU budget (rollout only).
 - `best_train`: the fastest training configuration on a GPU count.
 - `evaluate_plan`: an existing plan re-timed on a new workload (same training
-  configuration, same instance mix), so a replan compares like with like.
+  configuration, same instance mix), so a replan compares like with like;
+  `time_config`: the same for a configuration and mix that have no plan yet.
 """
 
 from __future__ import annotations
@@ -104,6 +105,39 @@ def evaluate_train(
     return train_step_time(model, hw, config, TrainWorkload.from_stats(stats), s.train)
 
 
+def time_config(
+    model: ModelProfile,
+    hw: HardwareProfile,
+    stats: WorkloadStats,
+    config: TrainConfig,
+    mix: Mapping[int, int],
+    *,
+    gpus: int,
+    sync: bool,
+    colocated: bool = False,
+    settings: PlannerSettings | None = None,
+    search: dict[str, object] | None = None,
+) -> Plan:
+    """A `Plan` of a given training configuration and instance mix, timed on `stats`
+    (a colocated plan's rollout with `settings.colocated_memory`)."""
+    s = settings or PlannerSettings()
+    train = evaluate_train(model, hw, stats, config, s)
+    rs = colocated_settings(s) if colocated else s
+    rollout = evaluate_rollout(model, hw, stats, mix, rs)
+    tps = [g.tp for g in rollout.groups if g.instances] or [1]
+    return Plan(
+        gpus=gpus,
+        model=model.id,
+        hardware=hw.id,
+        sync=sync,
+        train=train,
+        rollout=rollout,
+        sync_s=weight_sync_time(model, hw, min(tps)),
+        search=dict(search or {}),
+        colocated=colocated,
+    )
+
+
 def evaluate_plan(
     plan: Plan,
     model: ModelProfile,
@@ -113,22 +147,18 @@ def evaluate_plan(
 ) -> Plan:
     """`plan`'s configuration timed on `stats` (a fresh workload); a colocated plan's
     rollout with `settings.colocated_memory`."""
-    s = settings or PlannerSettings()
-    train = evaluate_train(model, hw, stats, plan.train.config, s)
-    rs = colocated_settings(s) if plan.colocated else s
-    rollout = evaluate_rollout(model, hw, stats, plan.rollout.mix(), rs)
-    tps = [g.tp for g in rollout.groups if g.instances] or [1]
-    return Plan(
-        gpus=plan.gpus,
-        model=plan.model,
-        hardware=plan.hardware,
-        sync=plan.sync,
-        train=train,
-        rollout=rollout,
-        sync_s=weight_sync_time(model, hw, min(tps)),
+    return time_config(
+        model, hw, stats, plan.train.config, plan.rollout.mix(), gpus=plan.gpus,
+        sync=plan.sync, colocated=plan.colocated, settings=settings,
         search={"reevaluated": True},
-        colocated=plan.colocated,
-    )
+    )  # fmt: skip
 
 
-__all__ = ["best_train", "evaluate_plan", "evaluate_rollout", "evaluate_train", "solve_rollout"]
+__all__ = [
+    "best_train",
+    "evaluate_plan",
+    "evaluate_rollout",
+    "evaluate_train",
+    "solve_rollout",
+    "time_config",
+]

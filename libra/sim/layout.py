@@ -24,12 +24,11 @@ from libra.planner import (
     WorkloadStats,
     best_train,
     evaluate_rollout,
-    evaluate_train,
     instance_cost,
     plan,
     plan_colocated,
+    time_config,
     tp_supported,
-    weight_sync_time,
 )
 from libra.planner.search import colocated_settings
 from libra.routing import Bucket
@@ -201,21 +200,11 @@ class Env:
         layout through its plan (without one it could never move)."""
         if layout.plan is not None:
             return layout
-        train = evaluate_train(self.model, self.hw, stats, layout.train, self.settings)
-        settings = self.settings_for(layout)
-        rollout = evaluate_rollout(self.model, self.hw, stats, layout.mix, settings)
-        tps = [g.tp for g in rollout.groups if g.instances] or [1]
-        p = Plan(
-            gpus=self.cfg.gpus,
-            model=self.model.id,
-            hardware=self.hw.id,
-            sync=layout.shared or self.settings.sync,
-            train=train,
-            rollout=rollout,
-            sync_s=weight_sync_time(self.model, self.hw, min(tps)),
-            search={"static": True},
-            colocated=layout.shared,
-        )
+        p = time_config(
+            self.model, self.hw, stats, layout.train, layout.mix, gpus=self.cfg.gpus,
+            sync=layout.shared or self.settings.sync, colocated=layout.shared,
+            settings=self.settings, search={"static": True},
+        )  # fmt: skip
         return replace(layout, plan=p, predicted_t_iter=p.t_iter)
 
     @cached_property
