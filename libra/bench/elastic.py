@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshot-rate", type=float, help="cap the snapshot stream (MB/s)")
     p.add_argument("--timeout", type=float, default=120.0, help="gloo timeout (s)")
     p.add_argument("--keep", metavar="DIR", help="write the model and logs here and keep them")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="trainer.device of every member (cuda: all on GPU 0; the elastic "
+                   "domain is gloo over host memory either way)")  # fmt: skip
 
 
 def _model(folder: Path, args: argparse.Namespace) -> Path:
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = _model(root / "model", args)
     cfg = TrainerConfig(
         model=str(model),
+        device=args.device,
         elastic={"timeout_s": args.timeout, "snapshot_rate_mb_s": args.snapshot_rate},
         grpo={"micro_batch_tokens": 1 << 20},
     ).model_dump_json()

@@ -12,7 +12,13 @@ backend; `cpu`: what CI runs, at a tiny shape):
    the device's peak `--peak-tflops`), and peak device memory;
 3. a DCP checkpoint saved and loaded into a fresh replica: the state hash must match;
 4. one step's loss on a tiny float32 model, on the CPU and on `--device`, from the same
-   weights and batch: the relative difference of the summed loss and of the gradient.
+   weights and batch: the relative difference of the summed loss and of the gradient;
+5. the elastic domain with its replicas on `--device` (`libra bench elastic --device`,
+   a small model, `--elastic-cycles` join/leave cycles): a core replica and a hybrid in
+   their own processes, both on GPU 0 (two ranks of one replica cannot share a GPU under
+   NCCL; two replicas can, their domain being gloo over host memory): the hybrid's
+   snapshot lands in device memory, buffered updates replay from host buffers, and the
+   replicas' state hashes must agree (`hash_mismatches` 0).
 
 Prints one JSON document; every figure is measured in this run.
 """
@@ -45,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trainer.activation_checkpointing")  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="the device's dense bf16 peak (H100/H200 SXM: 989)")  # fmt: skip
+    p.add_argument("--elastic-cycles", type=int, default=1,
+                   help="hybrid join/leave cycles on the device (0: skip)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,7 +75,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tiny = {**shape, "hidden": 64, "intermediate": 128, "layers": 2, "heads": 4,
                 "kv_heads": 2, "head_dim": 16, "vocab": 512}  # fmt: skip
         out["cpu_vs_device"] = _compare(device, _model(root / "tiny", tiny))
+    if args.elastic_cycles:
+        out["elastic"] = _elastic(args)
     return out
+
+
+def _elastic(args: argparse.Namespace) -> dict[str, Any]:
+    """`libra bench elastic` on `--device`, small: one core replica, one hybrid."""
+    from libra.bench import elastic
+
+    p = argparse.ArgumentParser()
+    elastic.add_arguments(p)
+    ns = p.parse_args([
+        "--device", args.device, "--core", "1", "--cycles", str(args.elastic_cycles),
+        "--global-samples", "4", "--hidden", "128", "--layers", "2", "--intermediate", "256",
+        "--baseline", "6", "--ready-updates", "6", "--idle-updates", "4", "--hash-every", "3",
+        "--timeout", "60",
+    ])  # fmt: skip
+    got = elastic.run(ns)
+    keys = ("hash_checks", "hash_mismatches", "join_latency_s", "join_stall_ratio", "wall_s")
+    return {k: got.get(k) for k in keys}
 
 
 def _shape(args: argparse.Namespace) -> dict[str, int]:

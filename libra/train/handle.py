@@ -61,8 +61,10 @@ class TrainerHandle:
         """One policy version (a `libra.trainer.StepReport`)."""
         return await self._call(self.trainer.step, records)
 
-    async def add_hybrid(self, replica_id: str, node: str | None = None) -> None:
-        await self._call(self.trainer.add_hybrid, replica_id, node)
+    async def add_hybrid(
+        self, replica_id: str, node: str | None = None, gpus: list[int] | None = None
+    ) -> None:
+        await self._call(self.trainer.add_hybrid, replica_id, node, gpus)
 
     async def nodes(self) -> dict[str, str]:
         """Replica id -> the node it runs on (`local`: this machine)."""

@@ -5,8 +5,11 @@ Computed once, when the run is built (`libra.cluster.placement`):
 - workers: `rollout{i}` (core, dealt over the buckets in order), `train{i}` (core
   training replicas), `hybrid{i}` (the first `hybrids_training` start in training);
 - placement: every rollout-capable worker (core rollout at its bucket's TP, hybrid at
-  the first bucket's) gets its devices now, in that order, and keeps them; training
-  replicas run on the node's CPUs (the trainer is CPU-only);
+  the first bucket's) gets its devices now, in that order, and keeps them; then each
+  core training replica: `trainer.elastic.replica_ranks` GPUs of `fleet.vllm.gpus` when
+  the trainer trains there (`trains_on_fleet_gpus`), else the node's CPUs or the
+  trainer's own GPUs (`trainer.gpus`, dealt by the trainer). A hybrid trains on the
+  GPUs it holds (`trainer_gpus`);
 - the engine launcher: embedded engines, or vLLM servers (`fleet.kind = "vllm"`); with
   `[cluster] backend = "ray"`, engines in Ray actors on the cluster's nodes
   (`libra.cluster.raylaunch`), and the placement's node is `CLUSTER_PICKS`;
@@ -46,6 +49,37 @@ def python_of(section: VllmSection) -> str:
     return python
 
 
+def trains_on_fleet_gpus(cfg: TrainConfig) -> bool:
+    """Do the training replicas take GPUs of `fleet.vllm.gpus` (a vLLM fleet on CUDA on
+    this machine, `trainer.device` not `cpu`)? On Ray, Ray deals every GPU."""
+    f = cfg.fleet
+    cuda_fleet = f.kind == "vllm" and f.vllm.device == "cuda"
+    return cuda_fleet and cfg.cluster.backend == "local" and cfg.trainer.device != "cpu"
+
+
+def trainer_device(cfg: TrainConfig) -> str:
+    """`trainer.device` for the trainer: `auto` beside a vLLM fleet on CUDA is `cuda`
+    (the fleet's GPUs are how the run is sized); otherwise as configured (the trainer
+    resolves `auto` on the machines its ranks start on)."""
+    f = cfg.fleet
+    if cfg.trainer.device == "auto" and f.kind == "vllm" and f.vllm.device == "cuda":
+        return "cuda"
+    return cfg.trainer.device
+
+
+def trainer_gpus(
+    cfg: TrainConfig, where: Placement, ws: list[Worker]
+) -> dict[str, list[int]] | None:
+    """worker -> the GPUs its training replica takes (every core training worker and
+    hybrid: the first `trainer.elastic.replica_ranks` of its slot; a hybrid's bucket TP
+    may hold more) when the trainer trains on the fleet's GPUs; None otherwise."""
+    if not trains_on_fleet_gpus(cfg):
+        return None
+    ranks = cfg.trainer.elastic.replica_ranks
+    return {w.id: list(where.slots[w.id].devices[:ranks]) for w in ws
+            if w.kind in ("core-train", "hybrid")}  # fmt: skip
+
+
 def instances(cfg: TrainConfig) -> list[int]:
     """TP sizes of the most instances the fleet runs at once: every core rollout
     worker at its bucket's TP, plus every hybrid at the first bucket's."""
@@ -81,19 +115,27 @@ def gpu_problem(cfg: TrainConfig) -> str | None:
     if cfg.fleet.kind != "vllm" or s.device != "cuda" or cfg.cluster.backend == "ray":
         return None  # on Ray, each server's GPUs are the ones Ray gives its actor
     need = sum(instances(cfg))
+    train = cfg.fleet.core_train * cfg.trainer.elastic.replica_ranks
+    train = train if trains_on_fleet_gpus(cfg) else 0
+    what = "rollout" + (" and training" if train else "")
     if not s.gpus:
-        example = list(range(need)) if need <= 8 else f"[0, 1, ..., {need - 1}]"
+        n = need + train
+        example = list(range(n)) if n <= 8 else f"[0, 1, ..., {n - 1}]"
         return (
-            f"fleet.vllm.gpus: list the GPU ids of this node the {need} rollout GPU(s) "
+            f"fleet.vllm.gpus: list the GPU ids of this node the {n} {what} GPU(s) "
             f"use, e.g. gpus = {example} (or set fleet.vllm.device = 'cpu')"
         )
     if len(set(s.gpus)) != len(s.gpus):
         return f"fleet.vllm.gpus: {s.gpus} lists a GPU twice"
-    if len(s.gpus) < need:
+    if len(s.gpus) < need + train:
+        trains = (
+            f" and {train} for the core training replicas (core_train x "
+            "trainer.elastic.replica_ranks)" if train else ""
+        )  # fmt: skip
         return (
             f"fleet.vllm.gpus: {len(s.gpus)} GPU(s) listed, the rollout instances need "
-            f"{need} (core_rollout and hybrids at their buckets' tp); list more or "
-            "lower fleet.core_rollout / fleet.hybrids / the buckets' tp"
+            f"{need} (core_rollout and hybrids at their buckets' tp){trains}; list more or "
+            "lower fleet.core_rollout / fleet.hybrids / the buckets' tp / core_train"
         )
     return None
 
@@ -136,7 +178,11 @@ def placement(cfg: TrainConfig, ws: list[Worker]) -> Placement:
         if w.kind == "hybrid":
             where.assign(w.id, f.buckets[0].tp)
     for w in ws:
-        if w.kind == "core-train":
+        if w.kind != "core-train":
+            continue
+        if trains_on_fleet_gpus(cfg):
+            where.assign(w.id, cfg.trainer.elastic.replica_ranks)
+        else:
             where.assign_host(w.id)
     return where
 
@@ -191,5 +237,8 @@ __all__ = [
     "rank_starter",
     "replica_of",
     "trained_on",
+    "trainer_device",
+    "trainer_gpus",
+    "trains_on_fleet_gpus",
     "workers",
 ]

@@ -3,12 +3,13 @@
 `RayStarter` is the trainer's `RankStarter` (`libra.trainer.ranks`) on Ray: each
 replica's ranks are one group of children on one node (`libra.cluster.raychildren`:
 one placement group of `trainer.elastic.replica_ranks` bundles of
-`{"CPU": cluster.trainer_cpus}`, `STRICT_PACK`, so a replica never spans nodes and
-replicas pack by node; a hybrid's asked for on the node its engine just left). Each
-child runs `python -m libra.trainer.remote`, calls the driver's hub back with the run's
-key (`libra.trainer.remote.Hub`) and gets its spec: the store's address (the driver's
-machine) and its own (its node's, which its actor puts in its environment). Output:
-`logs/trainer-{replica}-{rank}.log` in the run folder.
+`{"CPU": cluster.trainer_cpus}` (and `"GPU": 1` on CUDA), `STRICT_PACK`, so a replica
+never spans nodes and replicas pack by node; a hybrid's asked for on the node its
+engine just left). Each child runs `python -m libra.trainer.remote`, calls the
+driver's hub back with the run's key (`libra.trainer.remote.Hub`) and gets its spec:
+the store's address (the driver's machine) and its own (its node's, which its actor
+puts in its environment). Output: `logs/trainer-{replica}-{rank}.log` in the run
+folder.
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ class RayStarter:
         self.log_dir = log_dir
         self.hub: Hub | None = None
         self._groups: dict[str, Any] = {}
+        self.gpu = False
+        """Each rank asks Ray for one GPU (`trainer.device` resolved to `cuda`)."""
+
+    def cuda_here(self) -> bool:
+        """Has the cluster any GPU (Ray's `GPU` resources)?"""
+        from libra.cluster.raylaunch import _ray, connect
+
+        connect(self.section)
+        return float(_ray().cluster_resources().get("GPU", 0)) > 0
 
     def open(self, cfg: TrainerConfig) -> str:
         """The hub on every interface of the driver's machine; ranks reach it and the
@@ -70,13 +80,18 @@ class RayStarter:
         Ray knows this machine by."""
         from libra.cluster.raylaunch import _ray
 
+        self.gpu = cfg.device == "cuda"
         host = cfg.elastic.host
         if host in LOOPBACK:
             host = _ray().util.get_node_ip_address()
         self.hub = Hub("0.0.0.0", host)
         return host
 
-    def start(self, rid: str, specs: list[WorkerSpec], prefer: str | None) -> list[Started]:
+    def start(
+        self, rid: str, specs: list[WorkerSpec], prefer: str | None, gpus: list[int] | None
+    ) -> list[Started]:
+        """`gpus` is not used: Ray gives each rank its GPU (the only one it sees)."""
+        del gpus
         hub = self.hub
         assert hub is not None, "open() first"
         envs = []
@@ -87,7 +102,7 @@ class RayStarter:
         logs = [self.log_dir / f"trainer-{rid}-{s.rank}.log" for s in specs]
         group, children = start_group(
             f"trainer-{rid}", "libra.trainer.remote", envs, logs, cpus=self.section.trainer_cpus,
-            prefer=prefer, wait_s=self.section.placement_timeout_s,
+            gpus=1 if self.gpu else 0, prefer=prefer, wait_s=self.section.placement_timeout_s,
         )  # fmt: skip
         self._groups[rid] = group
         return [RayRank(c, hub) for c in children]

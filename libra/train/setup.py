@@ -96,6 +96,7 @@ async def warm_start(
 
     from libra.train.demos import demonstrations, load_expert
     from libra.train.handle import no_sigint
+    from libra.trainer.device import Device
     from libra.trainer.sft import SFTProgress
     from libra.trainer.sft import warm_start as warm_start_process
 
@@ -137,7 +138,12 @@ async def warm_start(
             seed=cfg.model.seed,
             on_progress=progress,
             should_stop=should_stop,
+            device=device,
         )
+
+    # where the trainer trains; on CUDA its first GPU (the fleet has not started yet)
+    tc = trainer_config(cfg, base)
+    device = Device.resolve(tc, tc.gpus[0] if tc.gpus else None)
 
     # SIGINT blocked: a Ctrl-C reaches `libra train`, which stops the process itself
     res = await asyncio.to_thread(no_sigint(fit))
@@ -216,7 +222,13 @@ def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Re
     )
 
 
-def trainer_config(cfg: TrainConfig, model_dir: Path) -> Any:
+def trainer_config(
+    cfg: TrainConfig, model_dir: Path, gpus: dict[str, list[int]] | None = None
+) -> Any:
+    """The trainer's config for this run; `gpus`: worker -> the fleet GPUs its training
+    replica takes (`libra.train.placement.trainer_gpus`), else the trainer takes
+    `trainer.gpus`."""
+    from libra.train.placement import trainer_device
     from libra.trainer import TrainerConfig
 
     t = cfg.trainer
@@ -230,6 +242,8 @@ def trainer_config(cfg: TrainConfig, model_dir: Path) -> Any:
     return TrainerConfig(
         model=str(model_dir),
         dtype=t.dtype,
+        device=trainer_device(cfg),
+        gpus=t.gpus if gpus is None else sorted(g for gs in gpus.values() for g in gs),
         seed=cfg.seed,
         activation_checkpointing=t.activation_checkpointing,
         grpo=grpo,

@@ -71,10 +71,15 @@ class Fleet:
         log_dir: Path,
         drain_timeout_s: float = 30.0,
         restarts: int = 2,
+        train_gpus: dict[str, list[int]] | None = None,
     ):
         self.workers = workers
         self.launcher = launcher
         self.placement = placement
+        self.train_gpus = train_gpus or {}
+        """worker -> the GPUs its training replica takes when the trainer trains on the
+        fleet's GPUs (`libra.train.placement.trainer_gpus`); absent: the trainer
+        places its replicas itself."""
         self.weights = weights
         self.bucket_tp = bucket_tp
         """TP size of each bucket's instances."""

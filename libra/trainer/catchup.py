@@ -152,7 +152,12 @@ class CatchUp:
                         "replica: replicas must share model and ranks per replica"
                     )
                 for t in self.replica.state_tensors():
-                    _recv_exact(conn, _view(t))
+                    if t.device.type == "cpu":
+                        _recv_exact(conn, _view(t))
+                    else:  # a GPU shard: through host memory, one tensor at a time
+                        host = torch.empty(t.shape, dtype=t.dtype)
+                        _recv_exact(conn, _view(host))
+                        t.copy_(host)
                 self.replica.set_counts(int(header["updates"]), float(header["adam_step"]))
                 log.info("snapshot %s received (state at update %s)", token, header["updates"])
             with self._cv:

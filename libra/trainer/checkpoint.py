@@ -53,11 +53,12 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return t.full_tensor() if hasattr(t, "full_tensor") else t.detach()
+        return (t.full_tensor() if hasattr(t, "full_tensor") else t.detach()).cpu()
 
 
 def full_state(replica: Replica) -> dict[str, torch.Tensor]:
-    """Every parameter as a whole tensor (collective for a sharded replica)."""
+    """Every parameter as a whole tensor in host memory (collective for a sharded
+    replica; on CPU the one-rank tensors themselves, not copies)."""
     return {name: _full(p) for name, p in replica.model.named_parameters()}
 
 

@@ -123,6 +123,17 @@ class TrainerConfig(Config):
     in a sharded one, FSDP2's mixed-precision policy: parameters all-gathered in
     bfloat16, gradients reduced in float32); master weights, gradients and Adam state
     stay float32."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where every rank computes (`libra.trainer.device`): `cuda`, one GPU per rank, the
+    replica's own group (FSDP2) over NCCL; `cpu`, gloo; `auto`, CUDA when torch sees a
+    GPU on the machine that starts the trainer, else CPU. The cross-replica (elastic)
+    domain is gloo over host memory either way (docs/elastic.md, "On GPUs")."""
+    gpus: list[int] = Field(default_factory=list)
+    """On CUDA, the GPU ordinals of this machine the ranks may take, one each (empty:
+    every GPU torch sees). A replica takes `elastic.replica_ranks` free ones when it
+    starts (or the ones it is handed: `libra train` gives a hybrid the GPUs its engine
+    left) and frees them when it is gone. On a Ray cluster Ray assigns each rank its
+    GPU and this list is not used."""
     seed: int = 0
     """Seed for anything random in the trainer (dummy inputs only; data order is the
     caller's)."""
@@ -136,6 +147,8 @@ class TrainerConfig(Config):
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
+        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
+            raise ValueError(f"gpus: {self.gpus} lists a GPU twice or a negative ordinal")
         if self.elastic.core_replicas > self.elastic.max_replicas:
             raise ValueError(
                 "elastic.core_replicas exceeds elastic.max_replicas; raise max_replicas"

@@ -3,16 +3,20 @@
 Every trainer process (a rank of `ElasticTrainer`, a scenario member, the warm start)
 resolves a `Device` from its config and takes everything device-shaped from here: its
 process setup, the replica's own process group, the replica's mesh and FSDP sharding,
-the per-epoch cross-replica groups and the autocast context. No other trainer module
-names a device type or a backend (torchtitan's `distributed/parallel_dims.py` and
+the per-epoch cross-replica groups, where the replica's small collectives put their
+tensors, and the autocast context. No other trainer module names a device type or a
+backend (torchtitan's `distributed/parallel_dims.py` and
 `distributed/utils.py::init_distributed` have the same job).
 
-Every rank `libra train` and `ElasticTrainer` spawn computes on CPU and talks over gloo
-(`Device.resolve`). `cuda()` is one CUDA device with NCCL collectives: a replica built on
-it holds its model, gradients and Adam state on the GPU and the loss moves each
-micro-batch there (`scripts/gpu-check.sh` runs one such rank). Spawned ranks are not
-placed on GPUs yet (the cross-replica groups, snapshots and weight broadcasts are gloo
-over CPU tensors), so no config chooses it.
+`trainer.device` chooses (`resolve_type`): `cpu` is gloo everywhere; `cuda` is one GPU
+per rank (`WorkerSpec.gpu`, dealt by the rank starter), the model, gradients and Adam
+state on it, and the replica's own group (FSDP2's all-gathers and reduce-scatters, the
+small sums) over NCCL. The cross-replica elastic domain stays gloo over host buffers on
+either device: its membership changes per epoch and a member that hangs must cost the
+core at most `elastic.timeout_s` then be dropped, which gloo's per-collective timeout
+gives and which this project has tested; an NCCL domain would need its communicators
+aborted on a hang (`docs/elastic.md`, "On GPUs", says what only a multi-GPU node can
+prove).
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from libra.trainer.config import TrainerConfig
+
+
+_TorchDevice = torch.device
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,17 +59,44 @@ class Device:
         """The `torch.device` tensors of this process live on."""
         return torch.device("cuda", self.index) if self.type == "cuda" else torch.device("cpu")
 
+    @property
+    def comm(self) -> _TorchDevice:
+        """Where tensors of the replica's own collectives live (NCCL takes CUDA tensors
+        only; gloo here takes host ones)."""
+        return self.torch if self.backend == "nccl" else torch.device("cpu")
+
     @classmethod
-    def resolve(cls, cfg: TrainerConfig) -> Device:
-        """The device a trainer config asks for (every process of a run resolves the
-        same one from the same config)."""
-        del cfg  # nothing in the config chooses a device yet: every run is CPU / gloo
-        return CPU
+    def resolve(cls, cfg: TrainerConfig, gpu: int | None = None) -> Device:
+        """The device of one process of a run: `cfg.device` (`resolve_type`), and on
+        CUDA the ordinal `gpu` its starter gave it (None: the first visible one, as in
+        a Ray actor that sees only its own GPU)."""
+        if resolve_type(cfg.device) == "cpu":
+            return CPU
+        return cuda(gpu or 0)
 
 
 CPU = Device(type="cpu", backend="gloo", threads=1)
-"""CPU compute, gloo collectives: what every trainer config resolves to today, and the
-default of the loss functions when a caller (a test, a tool) has no config."""
+"""CPU compute, gloo collectives: the default of the loss functions when a caller (a
+test, a tool) has no config."""
+
+
+def resolve_type(device: str, cuda_here: bool | None = None) -> Literal["cpu", "cuda"]:
+    """`trainer.device` as a device type: `auto` is `cuda` when there are GPUs
+    (`cuda_here`; None: whether torch sees one in this process); `cuda` where there are
+    none is a `ConfigError` naming the fix."""
+    from libra.errors import ConfigError
+
+    here = torch.cuda.is_available() if cuda_here is None else cuda_here
+    if device == "auto":
+        return "cuda" if here else "cpu"
+    if device == "cuda" and not here:
+        build = torch.__version__
+        raise ConfigError(
+            f"trainer.device = 'cuda': no CUDA GPU is visible to torch {build} here "
+            "(a CPU build, no driver, or CUDA_VISIBLE_DEVICES empty); set "
+            "trainer.device = 'cpu' or 'auto', or run where the GPUs are"
+        )
+    return "cuda" if device == "cuda" else "cpu"
 
 
 def cuda(index: int = 0, threads: int = 1) -> Device:
@@ -159,4 +193,5 @@ __all__ = [
     "init_replica_group",
     "parallelize",
     "replica_mesh",
+    "resolve_type",
 ]

@@ -69,7 +69,9 @@ class ElasticWorker:
         self.store = connect(self.store_host, store_port, prefix)
         self.layout = ControlLayout(self.ecfg.max_replicas)
         n = replica.grad_numel
-        self.bufs = [torch.zeros(n + self.layout.size) for _ in range(2)]
+        # The domain's host buffers (gloo); pinned beside a GPU for faster copies.
+        pin = replica.device.type == "cuda"
+        self.bufs = [torch.zeros(n + self.layout.size, pin_memory=pin) for _ in range(2)]
         self.listener = listen(self.host)
         self.addr = addr_of(self.listener)
         self.donor = Donor(replica, rate_mb_s=self.ecfg.snapshot_rate_mb_s,

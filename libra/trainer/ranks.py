@@ -9,22 +9,28 @@ drops it. What a replica's state is (waiting, joining, ...) is the trainer's bus
 
 Where the processes run is the starter's business (`RankStarter`): `LocalStarter`
 spawns them here with `multiprocessing` (daemons: terminated when the driver's
-interpreter exits; `close` stops them politely first); `libra.train.rayranks` starts
-each replica's ranks in Ray actors on one node, and they call back over TCP
+interpreter exits; `close` stops them politely first) and, on CUDA, deals each rank one
+GPU of `trainer.gpus` (`GpuPool`); `libra.train.rayranks` starts each replica's ranks in
+Ray actors on one node (a GPU each from Ray on CUDA), and they call back over TCP
 (`libra.trainer.remote`). Either way a rank is a handle with `is_alive`, `kill` and
 `join`, and a connection that speaks the worker protocol.
+
+`trainer.device = "auto"` is resolved once, here, against the starter's machines
+(`RankStarter.cuda_here`), and the config every rank gets names the result, so all ranks
+of a run compute on the same kind of device.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
 from libra.errors import TrainerError
 from libra.trainer.config import TrainerConfig
+from libra.trainer.device import resolve_type
 from libra.trainer.rendezvous import PREFIX, host_store
 from libra.trainer.worker import WorkerSpec, main
 
@@ -73,13 +79,21 @@ class Started:
 class RankStarter(Protocol):
     """Starts the ranks of one replica somewhere (this machine, or a cluster's node)."""
 
-    def open(self, cfg: TrainerConfig) -> str:
-        """Get ready; the address the ranks reach the driver's rendezvous store at."""
+    def cuda_here(self) -> bool:
+        """Do the machines it starts ranks on have GPUs (`trainer.device = "auto"`)?"""
         ...
 
-    def start(self, rid: str, specs: list[WorkerSpec], prefer: str | None) -> list[Started]:
+    def open(self, cfg: TrainerConfig) -> str:
+        """Get ready (`cfg.device` is resolved: `cpu` or `cuda`); the address the ranks
+        reach the driver's rendezvous store at."""
+        ...
+
+    def start(
+        self, rid: str, specs: list[WorkerSpec], prefer: str | None, gpus: list[int] | None
+    ) -> list[Started]:
         """Start one process per spec (the ranks of replica `rid`, on one node; `prefer`:
-        a node to use if it has room). Does not wait for them."""
+        a node to use if it has room; `gpus`: on CUDA, the GPUs its ranks must take, one
+        each, where the starter deals GPUs itself). Does not wait for them."""
         ...
 
     def release(self, rid: str) -> None:
@@ -104,16 +118,69 @@ class _Rank:
         return self.process.connection() is not None
 
 
+class GpuPool:
+    """The GPUs of this machine the trainer's ranks may take, one per rank, by replica."""
+
+    def __init__(self, gpus: list[int]):
+        self.gpus = list(gpus)
+        self.held: dict[str, list[int]] = {}
+
+    def free(self) -> list[int]:
+        taken = {g for gs in self.held.values() for g in gs}
+        return [g for g in self.gpus if g not in taken]
+
+    def take(self, rid: str, n: int, want: list[int] | None = None) -> list[int]:
+        """`n` GPUs for replica `rid`: `want` (each listed and free), else the lowest
+        free ones; `TrainerError` naming the GPUs when they are not there."""
+        free = self.free()
+        if want is not None:
+            if len(want) != n or any(g not in free for g in want):
+                raise TrainerError(
+                    f"replica {rid} was handed GPUs {want}: it needs {n}, each in "
+                    f"trainer.gpus {self.gpus} and free (free: {free})"
+                )
+            picked = list(want)
+        elif len(free) < n:
+            raise TrainerError(
+                f"replica {rid} needs {n} GPU(s), {len(free)} free of trainer.gpus "
+                f"{self.gpus} (held: {self.held}); list more GPUs or lower "
+                "elastic.replica_ranks / the replicas"
+            )
+        else:
+            picked = free[:n]
+        self.held[rid] = picked
+        return picked
+
+    def release(self, rid: str) -> None:
+        self.held.pop(rid, None)
+
+
 class LocalStarter:
-    """Ranks as spawned processes of the driver, with pipes (one machine)."""
+    """Ranks as spawned processes of the driver, with pipes (one machine); on CUDA each
+    rank gets one GPU of `trainer.gpus` (default: every GPU torch sees)."""
 
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")
+        self.pool: GpuPool | None = None
+
+    def cuda_here(self) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
 
     def open(self, cfg: TrainerConfig) -> str:
+        if cfg.device == "cuda":
+            import torch
+
+            self.pool = GpuPool(cfg.gpus or list(range(torch.cuda.device_count())))
         return cfg.elastic.host
 
-    def start(self, rid: str, specs: list[WorkerSpec], prefer: str | None) -> list[Started]:
+    def start(
+        self, rid: str, specs: list[WorkerSpec], prefer: str | None, gpus: list[int] | None
+    ) -> list[Started]:
+        if self.pool is not None:
+            dealt = self.pool.take(rid, len(specs), gpus)
+            specs = [replace(s, gpu=g) for s, g in zip(specs, dealt, strict=True)]
         out = []
         for spec in specs:
             parent, child = self._ctx.Pipe()
@@ -126,7 +193,8 @@ class LocalStarter:
         return out
 
     def release(self, rid: str) -> None:
-        pass  # nothing is held but the processes
+        if self.pool is not None:
+            self.pool.release(rid)
 
     def close(self) -> None:
         pass
@@ -147,14 +215,20 @@ class Ranks:
         self._core: set[str] = set()
 
     def start(self) -> None:
-        """Host the rendezvous store (before any rank is spawned)."""
+        """Resolve the device, host the rendezvous store (before any rank is spawned)."""
         e = self.cfg.elastic
+        kind = resolve_type(self.cfg.device, self.starter.cuda_here())
+        self.cfg = self.cfg.model_copy(update={"device": kind})
         self._store_host = self.starter.open(self.cfg)
         self._store = host_store(e.host, e.port)
 
-    def spawn(self, rid: str, kind: str, core_ids: list[str], prefer: str | None = None) -> None:
+    def spawn(
+        self, rid: str, kind: str, core_ids: list[str], prefer: str | None = None,
+        gpus: list[int] | None = None,
+    ) -> None:  # fmt: skip
         """Start the processes of replica `rid`; they report ready on their own.
-        `prefer`: the node to start it on if it has room (a hybrid's own node)."""
+        `prefer`: the node to start it on if it has room (a hybrid's own node); `gpus`:
+        on CUDA, the GPUs its ranks take (a hybrid's, those its engine left)."""
         e = self.cfg.elastic
         resume = self.resume if kind == "core" else None
         specs = [
@@ -171,7 +245,7 @@ class Ranks:
             )
             for k in range(e.replica_ranks)
         ]
-        self._ranks[rid] = [_Rank(r) for r in self.starter.start(rid, specs, prefer)]
+        self._ranks[rid] = [_Rank(r) for r in self.starter.start(rid, specs, prefer, gpus)]
         if kind == "core":
             self._core.add(rid)
 
@@ -344,4 +418,4 @@ def _expect(rid: str, msg: Any, kind: str) -> Any:
     return msg[1]
 
 
-__all__ = ["START_TIMEOUT_S", "Key", "LocalStarter", "RankStarter", "Ranks", "Started"]
+__all__ = ["START_TIMEOUT_S", "GpuPool", "Key", "LocalStarter", "RankStarter", "Ranks", "Started"]

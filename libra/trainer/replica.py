@@ -149,7 +149,13 @@ class Replica:
             mult = scale * limit / (norm + 1e-6)
         with torch.no_grad():
             for g, off, n in self._grads():
-                torch.mul(flat[off : off + n].view_as(g), mult, out=g)
+                # `flat` is the elastic domain's host buffer; a CUDA shard copies it in
+                # first (the same float32 product, so replicas stay bit-identical).
+                src = flat[off : off + n].view_as(g)
+                if src.device != g.device:
+                    g.copy_(src)
+                    src = g
+                torch.mul(src, mult, out=g)
         lr = self.lr_at(self.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -162,13 +168,15 @@ class Replica:
     def intra_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a small float64 vector over the replica's ranks (identity for one rank)."""
         if self.size > 1:
-            dist.all_reduce(values)
+            t = values.to(self.device.comm)
+            dist.all_reduce(t)
+            return t.cpu()
         return values
 
     def intra_max(self, value: int) -> int:
         if self.size == 1:
             return value
-        t = torch.tensor([value], dtype=torch.int64)
+        t = torch.tensor([value], dtype=torch.int64, device=self.device.comm)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 

@@ -43,11 +43,15 @@ class ElasticTrainer:
     """Core replicas for the whole run plus hybrid replicas that come and go."""
 
     def __init__(
-        self, cfg: TrainerConfig, *, resume: str | None = None, starter: RankStarter | None = None
-    ):
+        self, cfg: TrainerConfig, *, resume: str | None = None, starter: RankStarter | None = None,
+        core_gpus: list[list[int]] | None = None,
+    ):  # fmt: skip
         """`starter`: where the ranks run (default: processes on this machine;
-        `libra.train.rayranks.RayStarter`: Ray actors on a cluster's nodes)."""
+        `libra.train.rayranks.RayStarter`: Ray actors on a cluster's nodes). `core_gpus`:
+        on CUDA here, the GPUs of each core replica (default: the lowest free ones of
+        `cfg.gpus`)."""
         self.cfg = cfg
+        self._core_gpus = core_gpus or []
         meta = check(resume) if resume else {}
         self.version = int(meta.get("version", 0))
         self.updates = int(meta.get("updates", 0))
@@ -65,8 +69,8 @@ class ElasticTrainer:
     def start(self) -> None:
         self._ranks.start()
         core = [f"core{i}" for i in range(self.cfg.elastic.core_replicas)]
-        for c in core:
-            self._spawn(c, "core", core)
+        for i, c in enumerate(core):
+            self._spawn(c, "core", core, gpus=self._core_gpus[i] if self._core_gpus else None)
         deadline = time.monotonic() + START_TIMEOUT_S
         for c in core:
             self._await_ready(c, deadline)
@@ -83,15 +87,19 @@ class ElasticTrainer:
 
     # -- membership -------------------------------------------------------------------
 
-    def add_hybrid(self, replica_id: str | None = None, node: str | None = None) -> str:
+    def add_hybrid(
+        self, replica_id: str | None = None, node: str | None = None,
+        gpus: list[int] | None = None,
+    ) -> str:  # fmt: skip
         """Start a hybrid replica (its processes); it registers, is admitted at an
         update boundary, catches up from a snapshot and then trains. Returns its id.
         `node`: where to start it if that node has room (on a cluster: the node whose
-        devices the hybrid's engine just freed)."""
+        devices the hybrid's engine just freed); `gpus`: on CUDA here, the GPUs its
+        ranks take (those its engine freed; default: the lowest free ones)."""
         rid = replica_id or f"hybrid{next(self._ids)}"
         if rid in self._status and self._status[rid].state not in ("left", "dropped"):
             raise ConfigError(f"replica {rid!r} already exists")
-        self._spawn(rid, "hybrid", [], node)
+        self._spawn(rid, "hybrid", [], node, gpus)
         return rid
 
     def remove_hybrid(self, replica_id: str) -> None:
@@ -235,8 +243,11 @@ class ElasticTrainer:
 
     # -- the membership state machine -------------------------------------------------
 
-    def _spawn(self, rid: str, kind: str, core: list[str], node: str | None = None) -> None:
-        self._ranks.spawn(rid, kind, core, node)
+    def _spawn(
+        self, rid: str, kind: str, core: list[str], node: str | None = None,
+        gpus: list[int] | None = None,
+    ) -> None:  # fmt: skip
+        self._ranks.spawn(rid, kind, core, node, gpus)
         ranks = self.cfg.elastic.replica_ranks
         self._status[rid] = ReplicaStatus(rid, kind, "starting", ranks)  # type: ignore[arg-type]
         self._spawned[rid] = time.perf_counter()

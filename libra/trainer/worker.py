@@ -51,6 +51,9 @@ class WorkerSpec:
     host: str = ""
     """The address this rank binds its sockets to (empty: `elastic.host`); a rank on
     another node gets its node's address."""
+    gpu: int | None = None
+    """On CUDA, the GPU ordinal this rank computes on (None: the first visible one: a
+    rank in a Ray actor sees only the GPU Ray gave it)."""
 
 
 def main(spec: WorkerSpec, conn: Connection) -> None:
@@ -89,7 +92,7 @@ def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
     from libra.trainer.replica import Replica
 
     cfg = TrainerConfig.model_validate_json(spec.config)
-    device = Device.resolve(cfg)
+    device = Device.resolve(cfg, spec.gpu)
     init_process(device)
     if spec.size > 1:
         store = connect(spec.store_host or cfg.elastic.host, spec.port, f"replica/{spec.member_id}")

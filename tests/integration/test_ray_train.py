@@ -433,3 +433,46 @@ def test_a_group_goes_to_the_node_it_prefers_when_that_node_has_room(
         remove_group(hold)
     finally:
         ray.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_a_cuda_trainers_ranks_each_get_a_gpu_of_their_node_from_ray(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    """A CUDA trainer on Ray (`trainer.device` resolved against the cluster's `GPU`
+    resources): each rank's bundle asks for one GPU, so a replica lands on a node with
+    GPUs and every rank sees one GPU of its own (Ray's CUDA_VISIBLE_DEVICES, what its
+    `cuda(0)` then means). The GPUs here are Ray's logical ones: nothing computes on
+    them (docs/cluster.md)."""
+    import ray
+
+    from libra.cluster.config import ClusterSection
+    from libra.cluster.raychildren import remove_group, start_group
+    from libra.cluster.raylaunch import connect
+    from libra.train.rayranks import RayStarter
+
+    (tmp_path / "showgpu.py").write_text(
+        "import os\nprint('CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))\n"
+    )
+    section = ClusterSection(backend="ray", address=ray_cluster.address)
+    connect(section)
+    gpu_node = None
+    try:
+        assert not RayStarter(section, tmp_path).cuda_here()  # two CPU nodes: auto is CPU
+        gpu_node = ray_cluster.add_node(num_cpus=2, num_gpus=2, object_store_memory=RAY_STORE)
+        ray_cluster.wait_for_nodes()
+        assert RayStarter(section, tmp_path).cuda_here()
+        env = {"PYTHONPATH": str(tmp_path)}
+        logs = [tmp_path / f"rank{k}.log" for k in range(2)]
+        group, children = start_group("cuda-replica", "showgpu", [env, env], logs, cpus=1.0,
+                                      gpus=1, prefer=None, wait_s=60)  # fmt: skip
+        assert {c.node for c in children} == {gpu_node.node_id}
+        for c in children:
+            c.join(30)
+        seen = sorted(p.read_text().strip() for p in logs)
+        assert seen == ["CVD=0", "CVD=1"]  # one GPU each, not shared
+        remove_group(group)
+    finally:
+        if gpu_node is not None:  # the shared cluster keeps its two CPU nodes only
+            ray_cluster.remove_node(gpu_node)
+        ray.shutdown()

@@ -31,6 +31,9 @@ def test_gpu_check_runs_the_trainer_end_to_end_on_cpu(tmp_path):
     assert train["dcp"]["state_hash_equal"] and train["dcp"]["bytes"] > 0
     cmp = out["cpu_vs_device"]
     assert cmp["loss_rel_diff"] == 0.0 and cmp["grad_rel_diff"] == 0.0
+    # a hybrid joined the core replica, caught up and trained bit-identically
+    el = out["elastic"]
+    assert el["hash_checks"] > 0 and el["hash_mismatches"] == 0 and el["join_latency_s"] > 0
 
 
 def test_the_script_asks_for_a_gpu_it_does_not_have():

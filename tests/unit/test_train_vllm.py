@@ -48,16 +48,26 @@ def test_interpreter_without_vllm_is_refused(tmp_path: Path) -> None:
 
 
 def test_gpu_ids_missing_or_too_few(tmp_path: Path) -> None:
+    """The GPU list covers the rollout instances and, the trainer training on the
+    fleet's GPUs (`trainer.device` auto or cuda), the core training replicas."""
     py = fake_python(tmp_path, True)
-    with pytest.raises(ConfigError, match=r"fleet\.vllm\.gpus: list the GPU ids .* 2 rollout"):
+    with pytest.raises(
+        ConfigError, match=r"fleet\.vllm\.gpus: list the GPU ids .* 3 rollout and training"
+    ):
         check(cfg(hybrids=1, vllm={"python": py}))
     buckets = [{"name": "tp2", "tp": 2}]
-    with pytest.raises(ConfigError, match=r"fleet\.vllm\.gpus: 3 GPU\(s\) listed, .* need 4"):
+    with pytest.raises(
+        ConfigError, match=r"3 GPU\(s\) listed, .* need 4 .* and 1 for the core training"
+    ):
         check(cfg(hybrids=1, buckets=buckets, vllm={"python": py, "gpus": [0, 1, 2]}))
     with pytest.raises(ConfigError, match="lists a GPU twice"):
         check(cfg(vllm={"python": py, "gpus": [0, 0]}))
-    ok = cfg(hybrids=1, buckets=buckets, vllm={"python": py, "gpus": [4, 5, 6, 7]})
+    ok = cfg(hybrids=1, buckets=buckets, vllm={"python": py, "gpus": [3, 4, 5, 6, 7]})
     assert check(ok) == py and instances(ok) == [2, 2]
+    on_cpu = ok.model_copy(update={"trainer": ok.trainer.model_copy(update={"device": "cpu"})})
+    four = on_cpu.fleet.vllm.model_copy(update={"gpus": [4, 5, 6, 7]})
+    on_cpu = on_cpu.model_copy(update={"fleet": on_cpu.fleet.model_copy(update={"vllm": four})})
+    assert check(on_cpu) == py  # a CPU trainer needs no GPU
     assert check(cfg(vllm={"python": py, "device": "cpu"})) == py  # no GPUs needed
 
 
@@ -93,10 +103,11 @@ def test_gpu_placement_is_disjoint_and_kept_per_worker(tmp_path: Path) -> None:
 def test_a_run_places_every_worker_once_by_role() -> None:
     """Computed once from the config: core rollout instances at their bucket's TP, then
     hybrids at the first bucket's (also those that start training: they keep their
-    devices), training replicas on the host's CPUs."""
+    devices), then each core training replica on GPUs of its own; a CPU trainer's
+    replicas on the host's CPUs."""
     buckets = [{"name": "a", "tp": 1}, {"name": "b", "tp": 2}]
     c = cfg(core_rollout=2, hybrids=2, buckets=buckets,
-            vllm={"python": "py", "gpus": [0, 1, 2, 3, 4]})  # fmt: skip
+            vllm={"python": "py", "gpus": [0, 1, 2, 3, 4, 5]})  # fmt: skip
     ws = placement.workers(c, hybrids_training=1)
     assert [(w.id, w.role) for w in ws] == [
         ("rollout0", "rollout"), ("rollout1", "rollout"), ("train0", "train"),
@@ -105,14 +116,42 @@ def test_a_run_places_every_worker_once_by_role() -> None:
     where = placement.placement(c, ws)
     assert where.by_worker() == {
         "rollout0": "GPUs [0]", "rollout1": "GPUs [1, 2]", "hybrid0": "GPUs [3]",
-        "hybrid1": "GPUs [4]", "train0": "any CPU core",
+        "hybrid1": "GPUs [4]", "train0": "GPUs [5]",
     }  # fmt: skip
+    # the trainer's GPUs: each training replica's (a hybrid's are the ones it serves on)
+    assert placement.trainer_gpus(c, where, ws) == {"train0": [5], "hybrid0": [3], "hybrid1": [4]}
     with pytest.raises(ConfigError, match=r"fleet\.vllm\.gpus: no 1 free GPU"):
         placement.placement(c.model_copy(update={"fleet": c.fleet.model_copy(
-            update={"vllm": c.fleet.vllm.model_copy(update={"gpus": [0, 1, 2, 3]})})}), ws)  # fmt: skip
+            update={"vllm": c.fleet.vllm.model_copy(update={"gpus": [0, 1, 2, 3, 4]})})}), ws)  # fmt: skip
+    cpu_trainer = c.model_copy(update={"trainer": c.trainer.model_copy(update={"device": "cpu"})})
+    on_cpu = placement.placement(cpu_trainer, ws)
+    assert on_cpu.by_worker()["train0"] == "any CPU core"
+    assert placement.trainer_gpus(cpu_trainer, on_cpu, ws) is None
     embedded = TrainConfig()
     assert set(placement.placement(embedded, placement.workers(embedded, 0)).by_worker()
                .values()) == {"any CPU core"}  # fmt: skip
+
+
+def test_the_trainer_config_of_a_gpu_run_names_cuda_and_the_fleet_gpus(tmp_path: Path) -> None:
+    """A vLLM fleet on CUDA: `auto` trains on CUDA, on exactly the training replicas'
+    GPUs; `trainer.gpus` there is refused (they come from fleet.vllm.gpus); beside an
+    embedded fleet the trainer keeps `auto` (resolved where its ranks start)."""
+    from libra.train.setup import trainer_config
+
+    c = cfg(core_rollout=3, hybrids=0, vllm={"python": "py", "gpus": list(range(8))},
+            buckets=[{"name": "a", "tp": 1}])  # fmt: skip
+    c = c.model_copy(update={"trainer": c.trainer.model_copy(
+        update={"elastic": c.trainer.elastic.model_copy(update={"replica_ranks": 5})})})  # fmt: skip
+    ws = placement.workers(c, 0)
+    gpus = placement.trainer_gpus(c, placement.placement(c, ws), ws)
+    assert gpus == {"train0": [3, 4, 5, 6, 7]}
+    t = trainer_config(c, tmp_path, gpus)
+    assert (t.device, t.gpus, t.elastic.replica_ranks) == ("cuda", [3, 4, 5, 6, 7], 5)
+    with pytest.raises(ValueError, match=r"trainer\.gpus: with a vLLM fleet on CUDA"):
+        TrainConfig.model_validate({"fleet": {"kind": "vllm"}, "trainer": {"gpus": [0]}})
+    embedded = TrainConfig.model_validate({"trainer": {"gpus": [1, 2]}})
+    t = trainer_config(embedded, tmp_path)
+    assert (t.device, t.gpus) == ("auto", [1, 2])
 
 
 def test_on_a_cluster_a_start_asks_for_the_node_its_worker_left() -> None:
