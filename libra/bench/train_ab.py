@@ -2,8 +2,10 @@
 
 The same config runs in paired arms on the same seeds:
 
-- `planner`: as configured (the planner moves hybrids and measures what it did);
-- `fixed`: the starting assignment kept for the whole run (`planner.adapt = false`);
+- `planner`: as configured (with `fleet.hybrid_start = "plan"` the planner places the
+  hybrids at start, then moves them and measures what it did);
+- `fixed`: every hybrid in rollout from the start, kept for the whole run
+  (`planner.adapt = false`, `fleet.hybrid_start = "rollout"`);
 - `fixed-train` (optional, `--arms`): every hybrid in training from the start, kept: with
   `fixed`, the two static splits of a one-hybrid fleet (the short sweep).
 
@@ -33,7 +35,7 @@ from libra.cli.common import progress
 
 ARMS = {
     "planner": [],
-    "fixed": ["--set", "planner.adapt=false"],
+    "fixed": ["--set", "planner.adapt=false", "--set", 'fleet.hybrid_start="rollout"'],
     "fixed-train": ["--set", "planner.adapt=false", "--set", 'fleet.hybrid_start="train"'],
 }
 

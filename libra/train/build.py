@@ -47,7 +47,14 @@ from libra.train.planning import Assignment, Replanner, SwitchCosts
 from libra.train.reconfig import Reconfigurer
 from libra.train.report import SUPERSEDED, Report, set_aside_groups, truncate_after
 from libra.train.rollouts import Rollouts
-from libra.train.setup import calibrate, make_replanner, prepare_model, trainer_config, warm_start
+from libra.train.setup import (
+    calibrate,
+    make_replanner,
+    planning_demos,
+    prepare_model,
+    trainer_config,
+    warm_start,
+)
 from libra.train.state import LoopState, write_json
 from libra.train.validation import Validation
 from libra.train.workers import Fleet
@@ -168,6 +175,8 @@ async def build_run(
             start, demos = await warm_start(
                 cfg, out, base, env, tok, tasks, view, display, report, should_stop
             )
+        if not resumed and not demos and cfg.fleet.hybrid_start == "plan" and cfg.fleet.hybrids:
+            demos = await planning_demos(cfg, env, tok, tasks)  # no warm start: plan on these
         replanner = make_replanner(cfg, start, hw)
         version = int(saved["version"]) if saved else 0
         current = Weights(version, str(start))

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from libra.chat import ChatTokenizer
 from libra.env import Env
+from libra.errors import ConfigError
 from libra.planner import (
     HardwareProfile,
     PlannerSettings,
@@ -205,6 +206,30 @@ def fleet_shape(cfg: TrainConfig) -> FleetShape:
         layout=tuple(start) if relayout else (),
         replica_ranks=cfg.trainer.elastic.replica_ranks,
     )
+
+
+async def planning_demos(
+    cfg: TrainConfig, env: Any, tok: Any, tasks: Sequence[dict[str, Any]]
+) -> list[Any]:
+    """A step's worth of the expert's demonstrations, for `fleet.hybrid_start = "plan"`
+    when no warm start made any (`sft.steps = 0`, a shared warm-started model): the
+    planner places the hybrids at start on their workload, as it does on the warm
+    start's. None (an empty list: the hybrids start in rollout) when the env has no
+    expert or it earns nothing."""
+    import random
+
+    from libra.train.demos import demonstrations, load_expert
+
+    try:
+        expert = load_expert(cfg.sft.expert, cfg.data.env)
+    except ConfigError:
+        return []
+    rng = random.Random(cfg.model.seed)
+    n = min(len(tasks), cfg.rollout.batch_groups * cfg.rollout.group_size)
+    try:
+        return await demonstrations(env, cfg.data.env, tok, rng.sample(list(tasks), n), expert)
+    except ConfigError:
+        return []
 
 
 def make_replanner(cfg: TrainConfig, model_dir: Path, hw: HardwareProfile) -> Replanner | None:

@@ -42,7 +42,8 @@ def test_a_runnable_gpu_config_has_no_problem_and_an_embedded_one_no_plan() -> N
     assert "a run stops here" not in render(doc)
     cpu = describe(load_config(ROOT / "examples/cpu-train.toml"))
     assert "plan" not in cpu and cpu["layout"]["engine"] == "embedded"
-    assert "  rollout, bucket tp1: 2 embedded engines (1 core + 1 hybrid)" in render(cpu)
+    assert "  rollout, bucket tp1: 1 embedded engine (1 core)" in render(cpu)
+    assert "the planner places the hybrids at start, on the demonstrations" in render(cpu)
 
 
 def test_every_gpu_example_is_timed_finite_with_the_sharding_that_runs() -> None:
