@@ -99,6 +99,7 @@ def layout(cfg: TrainConfig) -> dict[str, Any]:
         "rollout_devices": sum(instances(cfg)) if vllm else None,
         "devices": "cuda" if vllm and f.vllm.device == "cuda" else "cpu",
         "trainer_device": trainer_device(cfg),
+        "ray": cfg.cluster.backend == "ray",
         "training_devices": f.core_train * cfg.trainer.elastic.replica_ranks
         if trains_on_fleet_gpus(cfg)
         else None,
@@ -323,6 +324,8 @@ def _layout_lines(lay: dict[str, Any], vllm: dict[str, Any] | None) -> list[str]
         "cpu": "on this host's CPUs",
         "auto": "on CUDA if torch sees a GPU when it starts, else on this host's CPUs",
     }[lay["trainer_device"]]
+    if lay["ray"] and lay["trainer_device"] != "cpu":
+        on = "on Ray's nodes, one GPU per rank where the cluster has GPUs, else CPUs"
     if lay["training_devices"] is not None:
         on = "on GPUs of fleet.vllm.gpus, one per rank"
         on += " (a hybrid trains on the GPUs it serves on)" if lay["hybrids"] else ""
