@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The trainer on one CUDA GPU (issue #19): a ~0.5B Qwen3-shaped model with random
 # weights, a few GRPO steps in bf16 with packing and chunked log-probs, a DCP checkpoint
-# saved and loaded, and one step's loss on CPU vs GPU (libra/bench/gpu_check.py).
+# saved and loaded, one step's loss on CPU vs GPU, and the elastic domain with a core
+# replica and a hybrid on the GPU (state hashes compared) (libra/bench/gpu_check.py).
 # About 2 minutes on one H200; the JSON goes to stdout (and to $OUT/gpu-check.json when
 # OUT is set).
 #
