@@ -67,7 +67,13 @@ def layout(cfg: TrainConfig) -> dict[str, Any]:
     """The layout a run starts with: rollout instances per bucket (core workers dealt
     over the buckets, hybrids in the first one while they serve rollouts), training
     replicas, and what would stop the run before it starts."""
-    from libra.train.placement import gpu_problem, instances, trainer_device, trains_on_fleet_gpus
+    from libra.train.placement import (
+        core_train_gpus,
+        gpu_problem,
+        instances,
+        trainer_device,
+        trains_on_fleet_gpus,
+    )
 
     f = cfg.fleet
     vllm = f.kind == "vllm"
@@ -100,9 +106,7 @@ def layout(cfg: TrainConfig) -> dict[str, Any]:
         "devices": "cuda" if vllm and f.vllm.device == "cuda" else "cpu",
         "trainer_device": trainer_device(cfg),
         "ray": cfg.cluster.backend == "ray",
-        "training_devices": f.core_train * cfg.trainer.elastic.replica_ranks
-        if trains_on_fleet_gpus(cfg)
-        else None,
+        "training_devices": core_train_gpus(cfg) if trains_on_fleet_gpus(cfg) else None,
         "problem": gpu_problem(cfg),
     }
 

@@ -57,6 +57,14 @@ def trains_on_fleet_gpus(cfg: TrainConfig) -> bool:
     return cuda_fleet and cfg.cluster.backend == "local" and cfg.trainer.device != "cpu"
 
 
+def core_train_gpus(cfg: TrainConfig) -> int:
+    """GPUs of `fleet.vllm.gpus` the core training replicas take (0 unless the trainer
+    trains on the fleet's GPUs)."""
+    if not trains_on_fleet_gpus(cfg):
+        return 0
+    return cfg.fleet.core_train * cfg.trainer.elastic.replica_ranks
+
+
 def trainer_device(cfg: TrainConfig) -> str:
     """`trainer.device` for the trainer: `auto` beside a vLLM fleet on CUDA is `cuda`
     (the fleet's GPUs are how the run is sized); otherwise as configured (the trainer
@@ -115,8 +123,7 @@ def gpu_problem(cfg: TrainConfig) -> str | None:
     if cfg.fleet.kind != "vllm" or s.device != "cuda" or cfg.cluster.backend == "ray":
         return None  # on Ray, each server's GPUs are the ones Ray gives its actor
     need = sum(instances(cfg))
-    train = cfg.fleet.core_train * cfg.trainer.elastic.replica_ranks
-    train = train if trains_on_fleet_gpus(cfg) else 0
+    train = core_train_gpus(cfg)
     what = "rollout" + (" and training" if train else "")
     if not s.gpus:
         n = need + train
@@ -229,6 +236,7 @@ def trained_on(where: Placement, worker: str, nodes: dict[str, str]) -> None:
 
 __all__ = [
     "check",
+    "core_train_gpus",
     "gpu_problem",
     "instances",
     "launcher",
