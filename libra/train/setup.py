@@ -153,6 +153,12 @@ async def warm_start(
         f"warm start: {res.steps} steps, loss {res.loss:.3f}, P(demo) {res.seq_prob:.2f} "
         f"({res.stopped}), {res.wall_s:.0f} s"
     )
+    if s.target is not None and res.stopped != "target":
+        display.line(
+            f"warm start: P(demo) {res.seq_prob:.2f} is short of sft.target {s.target} "
+            f"after all {res.steps} steps: GRPO starts from a policy that is rarely right "
+            "and may learn little (more sft.steps, or another model.seed, may get there)"
+        )
     return Path(res.path), demos
 
 

@@ -1,7 +1,11 @@
 """The supervised warm start: fit the model to expert demonstrations before GRPO.
 
 Cross-entropy on the model tokens of each demonstration (loss mask 1; tool responses and
-template tokens carry no loss), AdamW with a linear warm-up, gradient clipping at 1.
+template tokens carry no loss), AdamW with a linear warm-up and a cosine decay to 5% of
+the peak rate at `steps`, gradient clipping at 1. (Measured on the CPU default's tiny
+model, 600 steps: at a constant rate the held-out P(demo) ended at 0.21 / 0.02 for made
+models of seeds 0 / 1, decayed at 0.43 / 0.59: a constant rate keeps a model that has
+found the copy bouncing around it; docs/train.md.)
 
 Agentic prompts share a long prefix (system prompt + tool schemas: 336 of ~410 tokens on
 `arith`), so each batch runs that prefix once and the batch's suffixes attend to its
@@ -47,6 +51,8 @@ from libra.trainer.model import load_model, tied_keys, write_folder
 log = logging.getLogger("libra.trainer")
 
 WARMUP = 20
+FLOOR = 0.05
+"""The last step's learning rate, as a fraction of `lr`."""
 EVAL_EVERY = 20
 
 
@@ -72,6 +78,14 @@ class SFTResult:
     """`target` (reached it) or `steps` (ran them all)."""
     pid: int = 0
     """The process that trained (`warm_start`: its own process, not the caller's)."""
+
+
+def lr_factor(step: int, steps: int) -> float:
+    """The rate at `step` of `steps`, as a fraction of the peak: linear warm-up over
+    `WARMUP` steps, then a cosine decay to `FLOOR` at `steps`."""
+    warm = min(1.0, (step + 1) / WARMUP)
+    cos = 0.5 * (1.0 + math.cos(math.pi * min(1.0, step / max(1, steps))))
+    return warm * (FLOOR + (1.0 - FLOOR) * cos)
 
 
 def _common_prefix(seqs: Sequence[Sequence[int]], limit: int) -> int:
@@ -142,7 +156,7 @@ def run_sft(
     held, train = pool[:held_out], pool[held_out:] or pool
     model = load_model(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps))
     loss_v, prob, stopped, done = math.nan, 0.0, "steps", 0
     for step in range(steps):
         if should_stop():
