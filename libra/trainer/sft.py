@@ -4,8 +4,7 @@ Cross-entropy on the model tokens of each demonstration (loss mask 1; tool respo
 template tokens carry no loss), AdamW with a linear warm-up and a cosine decay to 5% of
 the peak rate at `steps`, gradient clipping at 1. (Measured on the CPU default's tiny
 model, 600 steps: at a constant rate the held-out P(demo) ended at 0.21 / 0.02 for made
-models of seeds 0 / 1, decayed at 0.43 / 0.59: a constant rate keeps a model that has
-found the copy bouncing around it; docs/train.md.)
+models of seeds 0 / 1, decayed at 0.43 / 0.59; docs/train.md.)
 
 Agentic prompts share a long prefix (system prompt + tool schemas: 336 of ~410 tokens on
 `arith`), so each batch runs that prefix once and the batch's suffixes attend to its

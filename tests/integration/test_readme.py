@@ -31,9 +31,9 @@ from tests.integration.readme_snippets import (
 
 # Not run here, and why. Each key must match a snippet (a stale entry fails the test).
 SKIP = {
-    "make run": "the main job (5-16 min); test_train.py runs it with fewer steps",
+    "make run": "the main job (about 5 min); test_train.py runs it with fewer steps",
     "make test": "the whole suite, this test included",
-    "libra train examples/cpu-train.toml": "a full training run (5-16 min; resume: test_train.py)",
+    "libra train examples/cpu-train.toml": "a full training run (about 5 min; resume: test_train.py)",
     "LIBRA_VLLM_PYTHON=": "needs vLLM in .venv-vllm: the CI vLLM stage (test_train_vllm.py)",
     "http://gpu1:8000": "a remote engine, and it binds every interface",
     "libra profile --base h100-80g": "remote engines on node1 (test_profile.py: local ones)",
