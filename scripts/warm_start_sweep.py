@@ -31,7 +31,7 @@ def sweep_one(config: str, overrides: dict[str, Any], seed: int) -> dict[str, An
     from libra.train.build import train_tasks
     from libra.train.demos import demonstrations, load_expert
     from libra.train.setup import prepare_model
-    from libra.trainer.sft import run_sft
+    from libra.trainer.sft import EVAL_EVERY, run_sft
 
     torch.set_num_threads(1)
     cfg = load_config(config, {**overrides, "model.seed": seed})
@@ -54,7 +54,7 @@ def sweep_one(config: str, overrides: dict[str, Any], seed: int) -> dict[str, An
             target=None, seed=seed,
             on_progress=seen,
         )  # fmt: skip
-    evals = [c for c in curve if c[0] % 20 == 0 or c[0] == s.steps]
+    evals = [c for c in curve if c[0] % EVAL_EVERY == 0 or c[0] == s.steps]
     reached = next((st for st, _, prob in evals if s.target and prob >= s.target), None)
     return {
         "seed": seed,
