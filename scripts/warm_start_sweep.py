@@ -43,7 +43,11 @@ def sweep_one(config: str, overrides: dict[str, Any], seed: int) -> dict[str, An
         rng = random.Random(seed)  # as libra train picks them (libra.train.setup)
         picked = [rng.choice(tasks) for _ in range(s.demos)]
         expert = load_expert(s.expert, cfg.data.env)
-        demos = asyncio.run(demonstrations(env, cfg.data.env, ChatTokenizer(base), picked, expert))
+        try:
+            tok = ChatTokenizer(base)
+            demos = asyncio.run(demonstrations(env, cfg.data.env, tok, picked, expert))
+        finally:
+            asyncio.run(env.close())
         curve: list[tuple[int, float, float]] = []
 
         def seen(p: Any) -> None:
