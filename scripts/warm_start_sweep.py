@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import json
-import random
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,7 @@ def sweep_one(config: str, overrides: dict[str, Any], seed: int) -> dict[str, An
     from libra.rollout.run import load_env
     from libra.train import load_config
     from libra.train.build import train_tasks
-    from libra.train.demos import demonstrations, load_expert
-    from libra.train.setup import prepare_model
+    from libra.train.setup import prepare_model, warm_start_demos
     from libra.trainer.sft import EVAL_EVERY, run_sft
 
     torch.set_num_threads(1)
@@ -39,13 +37,9 @@ def sweep_one(config: str, overrides: dict[str, Any], seed: int) -> dict[str, An
     with tempfile.TemporaryDirectory(prefix="libra-sweep-") as tmp:
         base = asyncio.run(prepare_model(cfg, Path(tmp)))
         env = load_env(cfg.data.env, cfg.data.env_options)
-        tasks, _ = train_tasks(cfg, env)
-        rng = random.Random(seed)  # as libra train picks them (libra.train.setup)
-        picked = [rng.choice(tasks) for _ in range(s.demos)]
-        expert = load_expert(s.expert, cfg.data.env)
         try:
-            tok = ChatTokenizer(base)
-            demos = asyncio.run(demonstrations(env, cfg.data.env, tok, picked, expert))
+            tasks, _ = train_tasks(cfg, env)
+            demos = asyncio.run(warm_start_demos(cfg, env, ChatTokenizer(base), tasks))
         finally:
             asyncio.run(env.close())
         curve: list[tuple[int, float, float]] = []

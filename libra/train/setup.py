@@ -78,6 +78,21 @@ async def calibrate(cfg: TrainConfig, out: Path, model_dir: Path, view: View) ->
     return hw
 
 
+async def warm_start_demos(
+    cfg: TrainConfig, env: Env, tok: ChatTokenizer, tasks: Sequence[dict[str, Any]]
+) -> list[Any]:
+    """The warm start's demonstrations: `sft.demos` training tasks drawn with
+    replacement, seeded by `model.seed`, played by the expert (those it is rewarded for)."""
+    import random
+
+    from libra.train.demos import demonstrations, load_expert
+
+    rng = random.Random(cfg.model.seed)
+    picked = [rng.choice(tasks) for _ in range(cfg.sft.demos)]
+    expert = load_expert(cfg.sft.expert, cfg.data.env)
+    return await demonstrations(env, cfg.data.env, tok, picked, expert)
+
+
 async def warm_start(
     cfg: TrainConfig,
     out: Path,
@@ -93,9 +108,6 @@ async def warm_start(
     """Demonstrations + SFT -> `out/sft` (or the base model when `sft.steps` is 0).
     Returns the folder GRPO starts from and the demonstrations (the first workload
     estimate of the planner)."""
-    import random
-
-    from libra.train.demos import demonstrations, load_expert
     from libra.train.handle import no_sigint
     from libra.trainer.device import Device
     from libra.trainer.sft import SFTProgress
@@ -105,12 +117,8 @@ async def warm_start(
     if s.steps == 0:
         return base, []
     view.phase, view.note = "generating demonstrations", ""
-    rng = random.Random(cfg.model.seed)
-    picked = [rng.choice(tasks) for _ in range(s.demos)]
-    demos = await demonstrations(
-        env, cfg.data.env, tok, picked, load_expert(s.expert, cfg.data.env)
-    )
-    report.event("demonstrations", count=len(demos), of=len(picked))
+    demos = await warm_start_demos(cfg, env, tok, tasks)
+    report.event("demonstrations", count=len(demos), of=s.demos)
     view.phase = "warm start (supervised, on demonstrations)"
     display.line(
         "warm start: P(demo) is the chance the model generates a whole held-out "
@@ -333,4 +341,5 @@ __all__ = [
     "summarize",
     "trainer_config",
     "warm_start",
+    "warm_start_demos",
 ]
