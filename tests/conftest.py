@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -132,6 +133,20 @@ def spawn_fake(tiny_model: Path) -> Iterator[callable]:
 
 RAY_STORE = 80 << 20
 """Bytes of object store per node of the test Ray cluster: Libra puts nothing big there."""
+
+
+def grow(cluster: Any, n: int) -> list[Any]:
+    """Add `n` nodes of one logical CPU (an engine or a trainer rank each) to the shared
+    Ray cluster (`ray_cluster`)."""
+    nodes = [cluster.add_node(num_cpus=1, object_store_memory=RAY_STORE) for _ in range(n)]
+    cluster.wait_for_nodes()
+    return nodes
+
+
+def shrink(cluster: Any, to: int = 2) -> None:
+    """Leave the shared cluster as the fixture made it: `to` CPU nodes."""
+    for node in list(cluster.worker_nodes)[: max(0, len(cluster.worker_nodes) - to)]:
+        cluster.remove_node(node)
 
 
 @pytest.fixture(scope="session")

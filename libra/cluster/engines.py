@@ -127,6 +127,18 @@ async def check_node(engine: Engine) -> int | None:
     return None
 
 
+async def engine_down(engine: Engine) -> str | None:
+    """Why `engine` no longer serves, or None while it does: it exited (its code and its
+    log's last error), or it is lost with its node (`check_node`)."""
+    code = await check_node(engine)
+    if code is None:
+        return None
+    p = engine.process
+    if code == LOST and not isinstance(p, process.Child):  # a local child's LOST is SIGHUP
+        return f"lost: {p.last_error()}"
+    return f"exited with code {code} while serving; log {p.log_path}: {p.last_error()}"
+
+
 def kill_engine(engine: Engine) -> None:
     """SIGKILL its process group now (last resort, synchronous)."""
     if isinstance(engine.process, process.Child):
@@ -277,6 +289,20 @@ class Launched:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def forget(self, old: Engine) -> str:
+        """Take `old` out of the job's engines (the caller stops it); returns its bucket,
+        where `start_one` starts its successor."""
+        bucket = next(b for b, es in self.engines.items() if old in es)
+        self.engines[bucket].remove(old)
+        return bucket
+
+    async def start_one(self, bucket: str, worker: str) -> Engine:
+        """Start worker `worker`'s engine in `bucket` (with Ray: wherever a node has room)."""
+        slot = Slot("local", "cpu")
+        new = await self.launcher.start(worker, 1, slot, self.model_dir, self.log_dir)
+        self.engines.setdefault(bucket, []).append(new)
+        return new
+
     async def stop(self) -> None:
         engines = [e for es in self.engines.values() for e in es]
         self.engines.clear()
@@ -294,6 +320,7 @@ __all__ = [
     "RemoteProcess",
     "VllmLauncher",
     "check_node",
+    "engine_down",
     "kill_engine",
     "stop_engine",
 ]

@@ -192,7 +192,8 @@ class EndpointPool:
         if do == "add":
             if not any(e.url == change["url"] for e in self.endpoints()):
                 await self.add_endpoint(change["bucket"], change["url"], change["version"],
-                                        checked=change["model"])  # fmt: skip
+                                        checked=change["model"],
+                                        admitting=change.get("admitting", True))  # fmt: skip
         elif do == "version":
             self.set_version(change["version"], change["urls"])
         elif any(e.url == change["url"] for e in self.endpoints()):
@@ -203,14 +204,21 @@ class EndpointPool:
 
     # --- membership (libra train: engines come and go, weights change) ---------------
     async def add_endpoint(
-        self, bucket: str, url: str, version: int = 0, *, checked: str | None = None
+        self,
+        bucket: str,
+        url: str,
+        version: int = 0,
+        *,
+        checked: str | None = None,
+        admitting: bool = True,
     ) -> Endpoint:
         """Register a running server in `bucket` (serving weights `version`); calls may
-        go to it at once. Raises EndpointDown when it does not answer. (`checked`: the
-        model name it serves, as another pool's probe found it: not probed again.)"""
+        go to it at once (`admitting=False`: once `set_admitting` lets them). Raises
+        EndpointDown when it does not answer. (`checked`: the model name it serves, as
+        another pool's probe found it: not probed again.)"""
         state = self._buckets[bucket]
         ep = Endpoint(url.rstrip("/"), bucket, self.config.max_inflight, version=version)
-        ep.model = checked
+        ep.model, ep.admitting = checked, admitting
         why = await self._probe_one(ep) if checked is None else None
         if why is not None:
             raise EndpointDown(f"{ep.url} cannot join bucket {bucket!r}: {why}", url=ep.url)
@@ -218,7 +226,7 @@ class EndpointPool:
             state.endpoints.append(ep)
             state.cond.notify_all()
         self._tell({"do": "add", "bucket": bucket, "url": ep.url, "version": version,
-                    "model": ep.model})  # fmt: skip
+                    "model": ep.model, "admitting": admitting})  # fmt: skip
         return ep
 
     def find(self, url: str) -> Endpoint:

@@ -184,6 +184,7 @@ async def _worker_runner(
             policy=config.policy,
             routing=config.routing,
             versions={e.url: e.version for e in pool.endpoints()},
+            paused=[e.url for e in pool.endpoints() if not e.admitting],
         )
 
     def learn(env: str, lesson: Lesson) -> None:

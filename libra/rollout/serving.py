@@ -24,6 +24,7 @@ from libra.cluster.engines import EmbeddedLauncher, Launched
 from libra.endpoints.config import BucketConfig, EndpointConfig
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, ModelError
+from libra.rollout.supervise import EngineWatch
 from libra.routing.base import Bucket, default_bounds
 
 _TP_NAME = re.compile(r"^tp(\d+)$")
@@ -149,13 +150,17 @@ async def open_pool(
     *,
     cluster: ClusterSection | None = None,
     joined_later: bool = False,
+    watch: EngineWatch | None = None,
 ) -> AsyncIterator[EndpointPool]:
     """Start the embedded engines the buckets ask for (`launch`: local processes, or
     Ray actors with `cluster.backend = "ray"`, each engine's node named on stderr), then
     the endpoint pool over them and the configured URLs; both stop when the block ends.
+    Launched engines that exit or are lost with their node are replaced meanwhile
+    (`watch`, default `EngineWatch()`; `libra.rollout.supervise`).
     (`joined_later`: as `EndpointPool` takes it.)"""
     urls = {b.name: list(b.endpoints) for b in serving.configs}
     launch = {b.name: b.launch for b in serving.configs}
+    launched = None
     async with contextlib.AsyncExitStack() as stack:
         if any(launch.values()):
             section = cluster or ClusterSection()
@@ -171,7 +176,10 @@ async def open_pool(
         pool = EndpointPool(
             [(b, urls[b.name]) for b in serving.buckets], config, joined_later=joined_later
         )
-        yield await stack.enter_async_context(pool)
+        await stack.enter_async_context(pool)
+        if launched is not None:
+            await stack.enter_async_context((watch or EngineWatch()).running(launched, pool))
+        yield pool
 
 
 __all__ = [

@@ -27,6 +27,7 @@ from aiohttp import web
 from libra.auth import bearer_matches, is_loopback
 from libra.config import Config
 from libra.endpoints.pool import EndpointPool
+from libra.rollout.supervise import EngineWatch
 from libra.service.config import ServiceConfig, WeightsRequest
 from libra.service.errors import RequestError
 from libra.service.intake import parse_body, parse_submit
@@ -41,7 +42,7 @@ M = TypeVar("M", bound=Config)
 MANAGER = web.AppKey("manager", BatchManager)
 POOL = web.AppKey("pool", EndpointPool)
 CONFIG = web.AppKey("config", ServiceConfig)
-WEIGHTS_LOCK = web.AppKey("weights_lock", asyncio.Lock)
+WATCH = web.AppKey("watch", EngineWatch)
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -173,25 +174,31 @@ async def weights(request: web.Request) -> web.StreamResponse:
     if req.sender is not None:
         sender = sender_url(req.sender, request.remote, exposed=exposed)
         ranks = {b.name: b.tp for b in cfg.buckets}
-        async with request.app[WEIGHTS_LOCK]:
+        async with request.app[WATCH].lock:
             results = await broadcast_all(request.app[POOL], cfg.endpoint_kind, req.version,
                                           sender, ranks)  # fmt: skip
-            return await _weights_done(request, req.version, {"sender": sender}, results)
+            return await _weights_done(request, req.version, {"sender": sender}, results, None)
     assert req.path is not None
     folder = await asyncio.to_thread(  # realpath touches the filesystem
         weights_folder, req.path, cfg.weights_dirs, exposed=exposed,
         local=cfg.check_weights_locally,
     )  # fmt: skip
-    async with request.app[WEIGHTS_LOCK]:
+    async with request.app[WATCH].lock:
         results = await update_all(request.app[POOL], cfg.endpoint_kind, req.version, folder,
                                    check_local=cfg.check_weights_locally)  # fmt: skip
-        return await _weights_done(request, req.version, {"path": req.path}, results)
+        return await _weights_done(request, req.version, {"path": req.path}, results, folder)
 
 
 async def _weights_done(
-    request: web.Request, version: int, source: dict[str, str], results: dict[str, Any]
+    request: web.Request,
+    version: int,
+    source: dict[str, str],
+    results: dict[str, Any],
+    folder: str | None,
 ) -> web.StreamResponse:
-    """Count the outcome, stamp the version where it loaded, answer (502: not everywhere)."""
+    """Count the outcome, stamp the version where it loaded, tell the engine watch what
+    a replacement must load (`folder`; None: a broadcast), answer (502: not everywhere).
+    Called holding the watch's lock."""
     manager = request.app[MANAGER]
     ok = [u for u, r in results.items() if r["status"] == "ok"]
     for r in results.values():
@@ -200,6 +207,7 @@ async def _weights_done(
         if manager.workers is not None:
             manager.workers.set_version(version, ok)
         await asyncio.to_thread(manager.set_version, version)
+        await request.app[WATCH].loaded(request.app[POOL], ok, version, folder)
     doc = {"version": version, **source, "endpoints": results}
     if len(ok) < len(results):
         doc["error"] = f"{len(results) - len(ok)} of {len(results)} endpoints did not load it"
@@ -213,12 +221,19 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 async def metrics(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER]
-    text = render(manager.metrics, manager, request.app[POOL])
+    text = render(manager.metrics, manager, request.app[POOL], request.app[WATCH])
     ctype = "text/plain; version=0.0.4; charset=utf-8"
     return web.Response(body=text.encode(), headers={"Content-Type": ctype})
 
 
-def build_app(manager: BatchManager, pool: EndpointPool, config: ServiceConfig) -> web.Application:
+def build_app(
+    manager: BatchManager,
+    pool: EndpointPool,
+    config: ServiceConfig,
+    watch: EngineWatch | None = None,
+) -> web.Application:
+    """The service's HTTP app; `watch`: the one keeping the launched engines serving
+    (`open_pool`), which weight updates tell what they loaded."""
     app = web.Application(
         middlewares=[error_middleware, auth_middleware(config.token)],
         client_max_size=int(config.max_request_mb * 2**20),
@@ -226,7 +241,7 @@ def build_app(manager: BatchManager, pool: EndpointPool, config: ServiceConfig) 
     app[MANAGER] = manager
     app[POOL] = pool
     app[CONFIG] = config
-    app[WEIGHTS_LOCK] = asyncio.Lock()
+    app[WATCH] = watch or EngineWatch()
     app.router.add_post("/v1/rollouts", submit)
     app.router.add_get("/v1/rollouts/{batch_id}/trajectories", trajectories)
     app.router.add_get("/v1/rollouts/{batch_id}", status)

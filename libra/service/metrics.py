@@ -22,6 +22,7 @@ from libra.rollout.wire import RawRecord, facts_of
 
 if TYPE_CHECKING:
     from libra.endpoints.pool import EndpointPool
+    from libra.rollout.supervise import EngineWatch
     from libra.service.manager import BatchManager
 
 STATES = ("ok", "error", "timeout", "truncated", "aborted")
@@ -73,7 +74,9 @@ class _Table:
             yield family
 
 
-def render(m: Metrics, manager: BatchManager, pool: EndpointPool) -> str:
+def render(
+    m: Metrics, manager: BatchManager, pool: EndpointPool, watch: EngineWatch | None = None
+) -> str:
     active = manager.active()
     states = Counter(b.state for b in manager.batches.values())
     eps = pool.endpoints()
@@ -113,6 +116,12 @@ def render(m: Metrics, manager: BatchManager, pool: EndpointPool) -> str:
          [({}, pool.limiter.inflight)]),
         ("libra_requests_cap", "gauge", "Adaptive cap on completion requests in flight.",
          [({}, pool.limiter.limit)]),
+        ("libra_engine_restarts_total", "counter",
+         "Launched engines restarted after they exited or were lost with their node.",
+         [({}, watch.restarts if watch else 0)]),
+        ("libra_engine_restart_failures_total", "counter",
+         "Starts of a lost engine's replacement that failed (each is tried again).",
+         [({}, watch.failures if watch else 0)]),
         ("libra_endpoint_up", "gauge", "1 when the endpoint is healthy.",
          per_endpoint(lambda e: e.healthy)),
         ("libra_endpoint_inflight", "gauge", "Requests in flight to the endpoint.",

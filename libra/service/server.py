@@ -25,6 +25,7 @@ from libra.auth import is_loopback
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError
 from libra.rollout.serving import Serving, open_pool, resolve_serving
+from libra.rollout.supervise import EngineWatch
 from libra.rollout.worker import HostedEnv, WorkerInit
 from libra.rollout.workers import WorkerPool, split_limits, worker_buckets
 from libra.service.app import build_app
@@ -90,9 +91,10 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    watch = EngineWatch(check_local=config.check_weights_locally)
     async with contextlib.AsyncExitStack() as stack:
         pool = await stack.enter_async_context(
-            open_pool(serving, config.endpoint, cluster=config.cluster)
+            open_pool(serving, config.endpoint, cluster=config.cluster, watch=watch)
         )
         manager = BatchManager(
             config=config,
@@ -107,7 +109,7 @@ async def _serve(
                 WorkerPool(config.workers, lambda: worker_init(config, serving, envs, pool))
             )
         # Short shutdown timeout: open streams wait on the spool and would hold a stop up.
-        app = build_app(manager, pool, config)
+        app = build_app(manager, pool, config, watch)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -149,6 +151,7 @@ def worker_init(
         policy=config.policy,
         routing=config.routing,
         versions={e.url: e.version for e in pool.endpoints()},
+        paused=[e.url for e in pool.endpoints() if not e.admitting],
     )
 
 

@@ -29,12 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from libra.cluster import process
 from libra.cluster.engines import (
-    LOST,
     Engine,
     EngineLauncher,
-    check_node,
+    engine_down,
     kill_engine,
     stop_engine,
 )
@@ -200,12 +198,8 @@ class Fleet:
                 e = w.engine
                 if e is None or w.role != "rollout":
                     continue
-                code = await check_node(e)
-                if code == LOST and not isinstance(e.process, process.Child):  # not SIGHUP
-                    await self.replace(w, f"lost: {e.process.last_error()}", on_event)
-                elif code is not None:
-                    why = (f"exited with code {code} while serving; log "
-                           f"{e.process.log_path}: {e.process.last_error()}")  # fmt: skip
+                why = await engine_down(e)
+                if why is not None:
                     await self.replace(w, why, on_event)
             await asyncio.sleep(interval_s)
 

@@ -1,7 +1,9 @@
 """`libra serve-rollout --ray ADDRESS --launch 2`: the service's engines are started and
 placed by Ray, one on each CPU node of a local three-node Ray cluster (tests/conftest.py
 `ray_cluster`), one service in front. Real engines, real HTTP, the real `arith` env:
-a batch is served by both engines, and nothing of them is left once the service stops."""
+a batch is served by both engines; one engine's node is then lost outright and the
+engine restarted on a spare node, which serves the next batch; nothing of them is left
+once the service stops."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Any
 import pytest
 
 from libra.client import Client
-from tests.integration.procs import engine_on
+from tests.conftest import grow, shrink
+from tests.integration.procs import engine_on, wait_gone
 from tests.integration.service_util import Service
 
 
@@ -44,8 +47,34 @@ def test_serve_rollout_places_its_engines_with_ray(
         assert not [r.error for r in records if r.status == "error"]
         served = {t.endpoint for r in records for t in r.turns}
         assert served == urls, (served, urls)  # both engines, through the one service
+
+        # tp1-0's node is lost (its raylet and everything Ray started there: SIGKILL);
+        # the engine is restarted on the spare node, the only one with a free CPU.
+        (spare,) = grow(ray_cluster, 1)
+        _, node_id, lost_url = next(p for p in placed if p[0] == "tp1-0")
+        node = next(n for n in ray_cluster.worker_nodes if n.node_id == node_id)
+        lost_pid = engine_on(int(lost_url.rsplit(":", 1)[1]))
+        ray_cluster.remove_node(node, allow_graceful=False)
+        deadline = time.monotonic() + 180
+        pattern = r"engine tp1-0 restarted on Ray node (\S+) at (\S+?), serving version 0"
+        while not re.search(pattern, svc.log()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        m = re.search(pattern, svc.log())
+        assert m, svc.log()[-3000:]
+        assert m.group(1) == spare.node_id
+        assert f"engine tp1-0 at {lost_url} (node {node_id}) lost:" in svc.log()
+        assert lost_pid is not None and wait_gone(lost_pid), "the lost node's engine runs on"
+        new_url = m.group(2)
+        urls.add(new_url)
+        with Client(svc.url, reconnect_s=5) as c:
+            again = list(c.trajectories(c.submit("arith", tasks, group_size=2)))
+        assert len(again) == 2 * len(tasks)
+        assert not [r.error for r in again if r.status == "error"]
+        served = {t.endpoint for r in again for t in r.turns}
+        assert served == urls - {lost_url}, (served, urls)  # the replacement serves
     finally:
         code = svc.stop()
+        shrink(ray_cluster)
     assert code == 0, svc.log()[-3000:]
 
     # the engines stop with the service (their actors and placement groups with them)

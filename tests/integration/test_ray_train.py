@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import RAY_STORE, ROOT
+from tests.conftest import RAY_STORE, ROOT, grow, shrink
 from tests.integration.procs import descendants, engine_on, parent_of, wait_gone
 
 CONFIG = f"""
@@ -97,19 +97,6 @@ def _live() -> list[tuple[int, str]]:
         if state != "Z":
             found.append((int(d), cmd))
     return found
-
-
-def grow(cluster: Any, n: int) -> list[Any]:
-    """Add `n` nodes of one logical CPU (an engine or a trainer rank each)."""
-    nodes = [cluster.add_node(num_cpus=1, object_store_memory=RAY_STORE) for _ in range(n)]
-    cluster.wait_for_nodes()
-    return nodes
-
-
-def shrink(cluster: Any, to: int = 2) -> None:
-    """Leave the shared cluster as the fixture made it: `to` CPU nodes."""
-    for node in list(cluster.worker_nodes)[: max(0, len(cluster.worker_nodes) - to)]:
-        cluster.remove_node(node)
 
 
 @pytest.mark.timeout(600)

@@ -34,6 +34,7 @@ async def test_workers_follow_joins_drains_removals_and_versions(
 ) -> None:
     slow, _ = spawn_fake(delay=0.3)
     fresh, _ = spawn_fake()
+    held, _ = spawn_fake()  # joins paused (a restarted engine waiting for weights)
     endpoint = EndpointConfig(backoff_s=0.01, health_interval_s=0.1, down_wait_s=5)
     serving = resolve_serving(str(tiny_model), None, [BucketConfig(name="tp1")])
     tasks = load_tasks(ROOT / "examples/data/arith-train.jsonl", 8)
@@ -70,6 +71,7 @@ async def test_workers_follow_joins_drains_removals_and_versions(
             while await served(slow) <= sum(len(r.turns) for r in first):
                 await asyncio.sleep(0.05)  # until the second batch's calls are under way
             await pool.add_endpoint("tp1", fresh, version=4)
+            await pool.add_endpoint("tp1", held, version=0, admitting=False)
             left = await pool.drain(slow, 30)
             after_drain = await served(slow)
             await pool.remove_endpoint(slow)
@@ -79,6 +81,12 @@ async def test_workers_follow_joins_drains_removals_and_versions(
             pool.set_version(5, [fresh])
             records.clear()
             await batch("v2")
+            v2 = list(records)
+            assert await served(held) == 0  # the workers took it in paused
+            await pool.set_admitting(held, True)
+            pool.set_version(5, [held])
+            records.clear()
+            await batch("v3")
 
     assert left == 0
     assert all(r.status == "ok" for r in first) and len(first) == 16
@@ -87,10 +95,12 @@ async def test_workers_follow_joins_drains_removals_and_versions(
     assert {r.batch_id for r in first} == {"v0"}  # the spec's, not the worker batch's
     # After the drain and removal, every turn went to the endpoint that joined, stamped
     # with the version the front set on it.
-    assert len(records) == 16 and all(r.status == "ok" for r in records), [
-        (r.status, r.error) for r in records
-    ][:3]
-    assert {(t.endpoint, t.policy_version) for r in records for t in r.turns} == {(fresh, 5)}
+    assert len(v2) == 16 and all(r.status == "ok" for r in v2), [(r.status, r.error) for r in v2][
+        :3
+    ]
+    assert {(t.endpoint, t.policy_version) for r in v2 for t in r.turns} == {(fresh, 5)}
+    # Once admitted, the paused endpoint takes turns from the workers too.
+    assert {t.endpoint for r in records for t in r.turns} == {fresh, held}
 
 
 async def test_a_hung_worker_is_killed_and_its_episodes_run_again(
