@@ -206,7 +206,7 @@ async def _weights_done(
     if ok:
         if manager.workers is not None:
             manager.workers.set_version(version, ok)
-        await asyncio.to_thread(manager.set_version, version)
+        await asyncio.to_thread(manager.set_version, version, folder)
         await request.app[WATCH].loaded(request.app[POOL], ok, version, folder)
     doc = {"version": version, **source, "endpoints": results}
     if len(ok) < len(results):

@@ -89,6 +89,8 @@ class BatchManager:
         self.syncer = Syncer(config.spool.fsync, config.spool.fsync_interval_s)
         self.version = 0
         """Policy version of the last weight update (default `step` of new batches)."""
+        self.folder: str | None = None
+        """The folder the last weight update loaded (None: none, or a broadcast)."""
         self.readers = 0
         self._terminal: set[str] = set()
         """Finished batches on disk, loaded when first asked for."""
@@ -125,11 +127,13 @@ class BatchManager:
 
         The last weight version is restored for `kept_urls` (default: every endpoint):
         endpoints that outlived the service still hold those weights; engines the
-        service launched itself start from the base model (version 0)."""
+        service launched itself start from the base model (version 0; the server
+        loads the last update's `folder` into them, when it came from one)."""
         self.root.mkdir(parents=True, exist_ok=True)
         weights = self.root / WEIGHTS
         if weights.is_file():
-            self.version = int(orjson.loads(weights.read_bytes())["version"])
+            doc = orjson.loads(weights.read_bytes())
+            self.version, self.folder = int(doc["version"]), doc.get("path")
             self.pool.set_version(self.version, kept_urls)
         for folder in sorted(p for p in self.root.iterdir() if (p / "batch.json").is_file()):
             state = _read_state(folder)
@@ -310,9 +314,10 @@ class BatchManager:
                 await asyncio.sleep(0)
             self._finish_many(batch, [batch.aborted(s, why) for s in specs[i : i + ABORT_SLICE]])
 
-    def set_version(self, version: int) -> None:
-        self.version = version
-        write_json_atomic(self.root / WEIGHTS, {"version": version})
+    def set_version(self, version: int, folder: str | None = None) -> None:
+        """The last weight update: `version`, loaded from `folder` (None: by broadcast)."""
+        self.version, self.folder = version, folder
+        write_json_atomic(self.root / WEIGHTS, {"version": version, "path": folder})
 
     def status(self, batch: Batch) -> dict[str, Any]:
         counts = {"queued": self.fair.pending(batch.id) if batch.state == "running" else 0}

@@ -32,6 +32,7 @@ from libra.service.app import build_app
 from libra.service.config import ServiceConfig
 from libra.service.envs import EnvHost
 from libra.service.manager import BatchManager
+from libra.service.weights import update_all
 
 log = logging.getLogger("libra.service")
 
@@ -104,6 +105,7 @@ async def _serve(
             envs=envs,
         )
         manager.recover(kept_urls=serving.configured_urls)
+        await reload_launched(manager, pool, serving, config, watch)
         if config.workers > 1:  # after recover: a worker starts with the weight versions
             manager.workers = await stack.enter_async_context(
                 WorkerPool(config.workers, lambda: worker_init(config, serving, envs, pool))
@@ -133,6 +135,38 @@ async def _serve(
             )  # fmt: skip
         finally:
             await runner.cleanup()
+
+
+async def reload_launched(
+    manager: BatchManager,
+    pool: EndpointPool,
+    serving: Serving,
+    config: ServiceConfig,
+    watch: EngineWatch,
+) -> None:
+    """After a restart: load the last weight update into the engines this service
+    launched, when it came from a folder (they start on the base model; those given by
+    URL kept theirs). One line on stderr either way; a load that fails leaves them at
+    version 0, as a broadcast update does (only the trainer holds those tensors)."""
+    launched = [e.url for e in pool.endpoints() if e.url not in serving.configured_urls]
+    if not launched or (manager.folder is None and not manager.version):
+        return
+    if manager.folder is None:
+        print(f"libra serve-rollout: the launched engines serve the base model (version 0): "
+              f"version {manager.version} came by broadcast; send it again",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return
+    async with watch.lock:
+        results = await update_all(pool, config.endpoint_kind, manager.version, manager.folder,
+                                   check_local=config.check_weights_locally,
+                                   only=launched)  # fmt: skip
+        ok = [u for u, r in results.items() if r["status"] == "ok"]
+        await watch.loaded(pool, ok, manager.version, manager.folder)
+    bad = {u: r.get("error") for u, r in results.items() if r["status"] != "ok"}
+    print(f"libra serve-rollout: version {manager.version} from {manager.folder} loaded "
+          f"into {len(ok)} of {len(launched)} launched engines"
+          + (f"; the others serve the base model (version 0): {bad}" if bad else ""),
+          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def worker_init(

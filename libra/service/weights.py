@@ -76,9 +76,16 @@ async def detect_kind(session: aiohttp.ClientSession, url: str) -> Kind:
 
 
 async def update_all(
-    pool: EndpointPool, kind: str, version: int, path: str, *, check_local: bool = True
+    pool: EndpointPool,
+    kind: str,
+    version: int,
+    path: str,
+    *,
+    check_local: bool = True,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Load `path` everywhere; returns {url: {"status": ok|error|skipped, ...}}."""
+    """Load `path` everywhere (or into the endpoints `only` names); returns {url:
+    {"status": ok|error|skipped, ...}}."""
     from libra.engine.weights import load_weights
 
     async def one(ep: Endpoint) -> dict[str, Any]:
@@ -92,7 +99,7 @@ async def update_all(
         pool.set_version(version, [ep.url])
         return {"status": "ok", "kind": k, "version": version, "detail": out}
 
-    eps = pool.endpoints()
+    eps = [e for e in pool.endpoints() if only is None or e.url in only]
     results = await asyncio.gather(*(one(ep) for ep in eps))
     return {ep.url: r for ep, r in zip(eps, results, strict=True)}
 

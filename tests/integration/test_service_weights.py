@@ -4,6 +4,7 @@ a failed load leaves versions alone and says why (502)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +100,34 @@ async def test_weights_broadcast_from_the_clients_memory(
         body = {"version": 4, "path": str(other), "sender": "http://127.0.0.1:9"}
         async with s.post(f"{svc.url}/v1/weights", json=body) as r:
             assert r.status == 400 and "exactly one of path" in await r.text()
+
+
+async def test_a_restarted_service_loads_the_last_folder_into_its_launched_engines(
+    tmp_path: Path, tiny_model: Path, services: list[Service]
+) -> None:
+    """After a crash (SIGKILL) and a restart on the same spool, the engine the service
+    launches again is given the last update's folder before it serves: later turns are
+    stamped with that version and generate as they did before the crash."""
+    from libra.engine.model_maker import make_model
+
+    other = make_model(tmp_path / "ckpt-s1", seed=1)
+    svc = Service(tmp_path, tiny_model, [], "--launch", "1", "--env", "arith",
+                  config='[sampling]\ntemperature = 0.0\nmax_tokens = 24\n')  # fmt: skip
+    services.append(svc)
+    svc.start(timeout=240)
+    tasks = make_tasks(4, seed=5)
+    async with AsyncClient(svc.url) as c:
+        base = [r async for r in c.trajectories(await c.submit("arith", tasks))]
+        await c.update_weights(3, str(other))
+        loaded = [r async for r in c.trajectories(await c.submit("arith", tasks))]
+    svc.kill()
+    svc.start(timeout=240)
+    assert re.search(r"version 3 from \S+ckpt-s1 loaded into 1 of 1 launched engines", svc.log())
+    async with AsyncClient(svc.url) as c:
+        again = [r async for r in c.trajectories(await c.submit("arith", tasks))]
+    assert {t.policy_version for r in again for t in r.turns} == {3}
+    assert {r.step for r in again} == {3}
+    answers = {r.task_id: r.response_token_ids for r in loaded}
+    assert all(answers[r.task_id] == r.response_token_ids for r in again)
+    first = {r.task_id: r.response_token_ids for r in base}
+    assert any(first[r.task_id] != r.response_token_ids for r in again)
