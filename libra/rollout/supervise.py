@@ -30,6 +30,8 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import aiohttp
+
 from libra.cluster.engines import Engine, Launched, engine_down, stop_engine
 from libra.endpoints.pool import EndpointPool
 from libra.errors import LibraError
@@ -129,7 +131,7 @@ class EngineWatch:
                     await stop_engine(new, grace)
                     raise
                 break
-            except (LibraError, OSError) as e:
+            except (LibraError, aiohttp.ClientError, OSError) as e:
                 self.failures += 1
                 self.say(f"engine {old.worker}: its restart failed ({e}); trying again "
                          f"in {wait:g} s")  # fmt: skip
@@ -167,7 +169,7 @@ class EngineWatch:
         try:
             await load_weights(pool.session, new.url, new.kind, folder,
                                check_local=self.check_local)  # fmt: skip
-        except (LibraError, OSError) as e:
+        except (LibraError, aiohttp.ClientError, OSError) as e:
             self.say(f"engine {new.worker}: version {version} from {folder} did not load "
                      f"into it ({e})")  # fmt: skip
             return False
