@@ -16,6 +16,9 @@ Ray wherever a node has room. Then it joins its bucket with the latest weight up
 - tensors broadcast from a trainer, which only the trainer holds: it joins *paused* (no
   turn goes to it) and is admitted once the next weight update has reached it.
 
+An engine a broadcast update failed halfway (its weights may be half new: the update
+took it out of the pool) is `condemn`-ed and replaced the same way, though it runs.
+
 A start that fails is retried with a doubling backoff (`backoff_s` .. `max_backoff_s`)
 for as long as the job runs. Each loss, restart and failure is one line on stderr
 (`say`) and counted (`restarts`, `failures`). Weight updates and joins hold one lock
@@ -62,6 +65,9 @@ class EngineWatch:
     that came by broadcast."""
     held: set[str] = field(default_factory=set)
     """Replacements that joined paused, waiting for a weight update."""
+    condemned: dict[str, str] = field(default_factory=dict)
+    """url -> why: running engines no longer trusted (a broadcast into them failed
+    halfway and took them out of the pool), replaced at the next poll."""
     restarts: int = 0
     failures: int = 0
 
@@ -76,6 +82,11 @@ class EngineWatch:
             with contextlib.suppress(KeyError):  # lost again meanwhile
                 await pool.set_admitting(url, True)
                 self.say(f"engine at {url} admitted: it serves version {version} now")
+
+    def condemn(self, url: str, why: str) -> None:
+        """Have the launched engine at `url` replaced though it runs (`condemned`); a
+        URL that is no launched engine's is ignored."""
+        self.condemned[url.rstrip("/")] = why
 
     @contextlib.asynccontextmanager
     async def running(self, launched: Launched, pool: EndpointPool) -> AsyncIterator[None]:
@@ -94,7 +105,7 @@ class EngineWatch:
             while True:
                 for engine in [e for es in launched.engines.values() for e in es]:
                     try:
-                        why = await engine_down(engine)
+                        why = self.condemned.pop(engine.url, None) or await engine_down(engine)
                     except Exception as e:  # a poll that fails says nothing: next round
                         self.say(f"engine {engine.worker}: its check failed ({e!r})")
                         continue

@@ -203,6 +203,9 @@ async def _weights_done(
     ok = [u for u, r in results.items() if r["status"] == "ok"]
     for r in results.values():
         manager.metrics.weight_updates[r["status"]] += 1
+    for url, r in results.items():
+        if r.get("left_pool"):  # half-updated: a launched engine is replaced
+            request.app[WATCH].condemn(url, f"version {version} failed halfway: {r['error']}")
     if ok:
         if manager.workers is not None:
             manager.workers.set_version(version, ok)

@@ -31,8 +31,9 @@ from libra.rollout.workers import WorkerPool, split_limits, worker_buckets
 from libra.service.app import build_app
 from libra.service.config import ServiceConfig
 from libra.service.envs import EnvHost
+from libra.service.errors import RequestError
 from libra.service.manager import BatchManager
-from libra.service.weights import update_all
+from libra.service.weights import update_all, weights_folder
 
 log = logging.getLogger("libra.service")
 
@@ -156,14 +157,24 @@ async def reload_launched(
               f"version {manager.version} came by broadcast; send it again",
               file=sys.stderr, flush=True)  # fmt: skip
         return
+    try:  # the folder passed this check when it was posted; the config may have changed
+        folder = await asyncio.to_thread(
+            weights_folder, manager.folder, config.weights_dirs,
+            exposed=not is_loopback(config.host), local=config.check_weights_locally,
+        )  # fmt: skip
+    except RequestError as e:
+        print(f"libra serve-rollout: the launched engines serve the base model (version 0): "
+              f"the last update's folder is refused now ({e})",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return
     async with watch.lock:
-        results = await update_all(pool, config.endpoint_kind, manager.version, manager.folder,
+        results = await update_all(pool, config.endpoint_kind, manager.version, folder,
                                    check_local=config.check_weights_locally,
                                    only=launched)  # fmt: skip
         ok = [u for u, r in results.items() if r["status"] == "ok"]
-        await watch.loaded(pool, ok, manager.version, manager.folder)
+        await watch.loaded(pool, ok, manager.version, folder)
     bad = {u: r.get("error") for u, r in results.items() if r["status"] != "ok"}
-    print(f"libra serve-rollout: version {manager.version} from {manager.folder} loaded "
+    print(f"libra serve-rollout: version {manager.version} from {folder} loaded "
           f"into {len(ok)} of {len(launched)} launched engines"
           + (f"; the others serve the base model (version 0): {bad}" if bad else ""),
           file=sys.stderr, flush=True)  # fmt: skip

@@ -103,7 +103,7 @@ async def test_a_replacement_waits_paused_for_weights_only_a_trainer_holds(
 ) -> None:
     """When the latest update came by broadcast, the restarted engine cannot load it:
     it joins its bucket paused (no turn goes to it, at version 0) and is admitted once an
-    update reaches it."""
+    update reaches it. An engine a broadcast left half-updated is replaced too."""
     lines: list[str] = []
     launched = Launched(tiny_model, {"tp1": 1}, log_dir=tmp_path)
     async with launched as started:
@@ -130,3 +130,15 @@ async def test_a_replacement_waits_paused_for_weights_only_a_trainer_holds(
                     await watch.loaded(pool, [ep.url], 6, None)
                 assert ep.admitting and not watch.held
                 assert any(f"engine at {ep.url} admitted" in x for x in lines), lines
+
+                # A broadcast that fails halfway into it (the update takes it out of the
+                # pool): it runs, but is no longer trusted, and is replaced all the same.
+                half = engine_on(_port(ep.url))
+                await pool.remove_endpoint(ep.url)
+                watch.condemn(ep.url, "version 7 failed halfway")
+                while sum("restarted" in x for x in lines) < 2 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                assert half is not None and wait_gone(half), "the untrusted engine runs on"
+                (again,) = pool.endpoints("tp1")
+                assert again.url not in (url, ep.url) and not again.admitting, lines
+                assert any("version 7 failed halfway; restarting it" in x for x in lines)
