@@ -27,6 +27,7 @@ from libra.planner import instance_cost, weight_sync_time
 from libra.routing import Bucket, RoutingConfig, make_policy
 from libra.sim.control import make_controller
 from libra.sim.elastic import HybridPool
+from libra.sim.episodes import prompt_lengths
 from libra.sim.fleet import Fleet, FleetMoveCost, Run
 from libra.sim.instance import Instance
 from libra.sim.layout import Env, Layout
@@ -110,7 +111,10 @@ class Simulation:
             s = self.next_batch
             self.next_batch += 1
             self.released[s] = now
-            for ep in self.env.workload.batch(s):
+            batch = self.env.workload.batch(s)
+            if self.fleet.start_lengths is not None:
+                self.fleet.start_lengths.update(prompt_lengths(batch))
+            for ep in batch:
                 self.fleet.start(ep, s, now)
             released = True
         if released and self.pool is not None:
@@ -230,6 +234,11 @@ class Simulation:
         self.fleet.set_routing(buckets, policy, pooled=pooled)
         self.fleet.oracle = self.spec.routing == "oracle"
         self.fleet.oracle_from = self.spec.oracle_from
+        prompt = self.fleet.oracle and self.spec.oracle_start == "prompt"
+        if prompt and self.fleet.start_lengths is None:
+            self.fleet.start_lengths = {}
+        elif not prompt:
+            self.fleet.start_lengths = None
 
     def mark(self) -> None:
         """Record the GPU allocation now (for the plot)."""

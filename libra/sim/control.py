@@ -195,8 +195,9 @@ class Replanner(Fixed):
         timed: list[tuple[float, Layout]] = []
         for layout in self.options(env.initial, 0, first=True):
             s = search.pilot(
-                env, layout, oracle=oracle, oracle_from=self.spec.oracle_from, bound=bound
-            )
+                env, layout, oracle=oracle, oracle_from=self.spec.oracle_from,
+                oracle_start=self.spec.oracle_start, bound=bound,
+            )  # fmt: skip
             timed.append((s, layout))
             bound = min(bound, s)
         # a static layout's pilot with oracle routing is its plain pilot when it has one
@@ -329,7 +330,8 @@ class Replanner(Fixed):
 
         tree = getattr(self.sim.fleet.policy, "tree", None)
         spec = self.spec
-        return search.replay(self.sim.env, layout, step, spec.routing, tree, spec.oracle_from)
+        return search.replay(self.sim.env, layout, step, spec.routing, tree, spec.oracle_from,
+                             spec.oracle_start)  # fmt: skip
 
     def _model(self, layout: Layout, stats: Any) -> Any:
         assert layout.plan is not None

@@ -14,7 +14,9 @@ by their `step` field, in order).
 from __future__ import annotations
 
 import gzip
-from collections.abc import Sequence
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -215,4 +217,14 @@ class Workload:
         return cls(p.name, [by_step[s] for s in order[:steps]])
 
 
-__all__ = ["Episode", "SimRecord", "SimReturn", "SimTurn", "Workload"]
+def prompt_lengths(batch: Iterable[Episode]) -> dict[str, float]:
+    """Each prompt's typical final length in `batch`: the geometric mean over its samples
+    (a GRPO group), by task id. What a perfect predictor of a prompt's difficulty could
+    know before the first turn (`SystemSpec.oracle_start`), never an episode's own luck."""
+    logs: dict[str, list[float]] = defaultdict(list)
+    for ep in batch:
+        logs[ep.task_id].append(math.log(max(1, ep.total)))
+    return {k: math.exp(sum(v) / len(v)) for k, v in logs.items()}
+
+
+__all__ = ["Episode", "SimRecord", "SimReturn", "SimTurn", "Workload", "prompt_lengths"]

@@ -104,6 +104,10 @@ class Fleet:
         """Diagnostic, with `oracle`: k > 0 places an episode as the policy does until its
         k-th tool return, then answers for the policy at every return: the bucket of the
         episode's true final length (a floor, as any policy's answer is)."""
+        self.start_lengths: dict[str, float] | None = None
+        """Diagnostic, with `oracle` (`SystemSpec.oracle_start = "prompt"`): the final
+        length an episode starts by, per task id (its prompt's typical one), in place of
+        its own; its bucket is the start answer as a policy's is (spilling allowed)."""
         self.spill = True
         """Place on the least-loaded instance of the chosen bucket or a larger one."""
         self._n = 0
@@ -209,7 +213,9 @@ class Fleet:
         state = EpisodeState(run.uid, ep.task_id, ep.prompt, ep.prompt, (), "", 0)
         assert self.policy is not None
         bi = self._index.get(self.policy.on_start(state), 0)
-        if self._exact:
+        if self.oracle and self.start_lengths is not None:  # (diagnostic) as a policy would
+            bi = self._fits(round(self.start_lengths[ep.task_id]))
+        elif self._exact:
             bi = self._fits(ep.total)
         if bi < self._last and self._bounds[bi] < ep.prompt:
             bi = self._fits(ep.prompt)
@@ -219,7 +225,7 @@ class Fleet:
     @property
     def _exact(self) -> bool:
         """Every episode starts in the bucket of its length, exactly (the oracle)."""
-        return self.oracle and not self.oracle_from
+        return self.oracle and not self.oracle_from and self.start_lengths is None
 
     def _bucket(self, run: Run) -> int:
         """The bucket `run` was routed to (where it goes back to after losing its

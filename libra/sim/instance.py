@@ -37,6 +37,7 @@ sequence just preempted is not readmitted into a full cache."""
 
 class Instance:
     __slots__ = (
+        "_admits",
         "_heap",
         "_target",
         "active",
@@ -79,6 +80,10 @@ class Instance:
         self.active: dict[int, Any] = {}
         """Running sequences in admission order."""
         self._heap: list[tuple[float, int, Any]] = []
+        self._admits = 0
+        """Admissions so far: each one's key (in `active`, and the heap's tie-break among
+        equal marks: admission order, never memory addresses, so a run does not depend
+        on what ran before it in the process)."""
         self.queue: deque[Any] = deque()
         self.decoded = 0.0
         self.kv_base = 0.0
@@ -154,7 +159,7 @@ class Instance:
             q.popleft()
             u, c = seq.pre_tokens, seq.pre_ctx
             stall += float(prefill_s(u, u * c + u * u / 2.0))
-            key = id(seq)
+            key = self._admits = self._admits + 1
             active[key] = seq
             d_end = seq.d_end = decoded + seq.seg
             off = seq.kv_off = seq.ctx - decoded

@@ -37,7 +37,7 @@ from typing import Any
 from libra.errors import ConfigError
 from libra.planner import evaluate_rollout, evaluate_train
 from libra.sim.layout import Env, Layout
-from libra.sim.systems import SystemSpec
+from libra.sim.systems import OracleStart, SystemSpec
 
 CEILING_ROUNDS = 8
 """Most improving moves the ceiling's search makes (each round tries every neighbour)."""
@@ -111,22 +111,24 @@ def pilot_steps(env: Env) -> int:
     return min(env.cfg.pilot_steps, env.cfg.steps)
 
 
-def _pilot_spec(routing: str, oracle_from: int) -> SystemSpec:
-    return replace(_PILOT, routing=routing, oracle_from=oracle_from)
+def _pilot_spec(routing: str, oracle_from: int, oracle_start: OracleStart) -> SystemSpec:
+    return replace(_PILOT, routing=routing, oracle_from=oracle_from, oracle_start=oracle_start)
 
 
 def pilot(
     env: Env, layout: Layout, *, oracle: bool = False, oracle_from: int = 0,
-    bound: float = math.inf,
+    oracle_start: OracleStart = "episode", bound: float = math.inf,
 ) -> float:  # fmt: skip
     """The run's time on `layout`, fixed, as its pilot predicts it: the first
     `pilot_steps` batches simulated, the first step as it took (the pipeline filling up),
     every later step of the run at the pilot's mean iteration after the first (the
     steady state). `inf` as soon as the prediction is sure to exceed `bound`. `oracle`:
-    routed by the oracle from tool return `oracle_from` (`SystemSpec.oracle_from`)."""
+    routed by the oracle from tool return `oracle_from`, knowing `oracle_start` before
+    the first turn (`SystemSpec.oracle_from`, `oracle_start`)."""
     from libra.sim.cluster import Simulation
 
-    sim = Simulation(_pilot_spec("oracle" if oracle else "static", oracle_from), env, layout)
+    spec = _pilot_spec("oracle" if oracle else "static", oracle_from, oracle_start)
+    sim = Simulation(spec, env, layout)
     k = sim.steps = pilot_steps(env)
     n, t_end = env.cfg.steps, sim.t_end
 
@@ -145,8 +147,9 @@ def pilot(
 
 
 def replay(
-    env: Env, layout: Layout, step: int, routing: str, tree: Any = None, oracle_from: int = 0
-) -> float:
+    env: Env, layout: Layout, step: int, routing: str, tree: Any = None, oracle_from: int = 0,
+    oracle_start: OracleStart = "episode",
+) -> float:  # fmt: skip
     """Seconds batch `step` (one the run has finished: its episodes are known) takes to
     roll out on `layout`, alone on a fresh cluster, routed by `routing` (C-MLFQ starting
     from a copy of `tree`, what the run's router has learned; the copy is discarded).
@@ -164,7 +167,7 @@ def replay(
         Workload(env.workload.name, [env.workload.batch(step)]),
     )  # fmt: skip
     sub.max_context = env.max_context  # the run's bucket bounds
-    sim = Simulation(_pilot_spec(routing, oracle_from), sub, layout)
+    sim = Simulation(_pilot_spec(routing, oracle_from, oracle_start), sub, layout)
     if tree is not None and hasattr(sim.fleet.policy, "tree"):
         sim.fleet.policy.tree = copy.deepcopy(tree)  # type: ignore[union-attr]
     sim.steps = 1

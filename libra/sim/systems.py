@@ -12,6 +12,9 @@ from typing import Literal
 
 from libra.errors import ConfigError
 
+OracleStart = Literal["episode", "prompt"]
+"""What the diagnostic oracle knows before an episode's first turn (`SystemSpec`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SystemSpec:
@@ -38,6 +41,14 @@ class SystemSpec:
     which the fleet applies as any policy's answer (a floor: an episode below it moves
     up to it). What a router could gain that knew every length exactly as soon as the
     episode had run k turns, and no sooner."""
+    oracle_start: OracleStart = "episode"
+    """With `oracle` routing, what the oracle knows before an episode's first turn:
+    `episode`, its own final length; `prompt`, only its prompt's typical final length
+    (the geometric mean over the batch's samples of that prompt: what a perfect
+    predictor of a prompt's difficulty could know, never an episode's own luck). With
+    `prompt` an episode starts in that length's bucket as a policy's start answer (a
+    floor: it may spill to a less loaded larger bucket); from tool return `oracle_from`
+    on (if > 0) it is routed by its own true length."""
     replan: bool = False
     """Replan from fresh trajectories (`ReplanPolicy`) during the run."""
     elastic: bool = False
@@ -129,6 +140,18 @@ SYSTEMS: dict[str, SystemSpec] = {
             elastic=True,
         ),
         SystemSpec(
+            "libra-oracle-prompt-start",
+            "diagnostic: Libra with routing that knows each prompt's typical final length "
+            "before the first turn, and every episode's own from its first tool return on",
+            split="planner",
+            hetero=True,
+            routing="oracle",
+            replan=True,
+            elastic=True,
+            oracle_from=1,
+            oracle_start="prompt",
+        ),
+        SystemSpec(
             "libra-oracle-from-first-return",
             "diagnostic: Libra with routing that knows every episode's final length from "
             "its first tool return on (not at its start)",
@@ -195,4 +218,4 @@ def resolve(names: str) -> list[SystemSpec]:
     return [SYSTEMS[n] for n in dict.fromkeys(out)]
 
 
-__all__ = ["BASELINES", "GROUPS", "PAPER_TP", "SYSTEMS", "SystemSpec", "resolve"]
+__all__ = ["BASELINES", "GROUPS", "PAPER_TP", "SYSTEMS", "OracleStart", "SystemSpec", "resolve"]

@@ -15,6 +15,7 @@ from libra.planner import WorkloadStats, plan, plan_colocated
 from libra.routing.cmlfq import CMLFQPolicy
 from libra.sim.cluster import Simulation
 from libra.sim.config import SimConfig
+from libra.sim.episodes import prompt_lengths
 from libra.sim.layout import Env, Layout
 from libra.sim.runner import build_env, simulate
 from libra.sim.systems import SYSTEMS, resolve
@@ -220,6 +221,41 @@ def test_oracle_from_the_first_return_knows_lengths_only_from_then(env):
             assert sim.fleet.moves["policy"] > 0  # moved up before outgrowing its bucket
     assert late["static"] > 0
     assert late["from-first-return"] == 0
+
+
+def test_oracle_prompt_start_knows_prompts_not_episodes(env):
+    """The diagnostic behind `libra-oracle-prompt-start`: before its first turn an
+    episode is placed by its prompt's typical final length, so every sample of a prompt
+    asks for the same bucket, that of the geometric mean of the samples' lengths; the
+    exact oracle places each sample by its own length, and samples of one prompt part."""
+    hetero = env.planned(env.initial, hetero=True, step=0)
+    asked: dict[str, dict[str, set[int]]] = {}
+    for name, spec in (
+        ("episode", SYSTEMS["ceiling"]),
+        ("prompt", replace(SYSTEMS["ceiling"], oracle_from=1, oracle_start="prompt")),
+    ):
+        sim = Simulation(spec, env, layout=hetero)
+        place, seen = sim.fleet._place, asked.setdefault(name, {})
+
+        def record(run, bi, now, moved, top=None, place=place, seen=seen):
+            if moved is None and run.turn == 0:
+                seen.setdefault(run.ep.task_id, set()).add(bi)
+            place(run, bi, now, moved, top)
+
+        sim.fleet._place = record
+        sim.run()
+        typical = prompt_lengths(ep for s in range(env.cfg.steps) for ep in env.workload.batch(s))
+    assert any(len(b) > 1 for b in asked["episode"].values())
+    assert all(len(b) == 1 for b in asked["prompt"].values())
+    fits = sim.fleet._fits
+    assert {t: next(iter(b)) for t, b in asked["prompt"].items()} == {
+        t: fits(round(n)) for t, n in typical.items()
+    }
+    by_task: dict[str, list[int]] = {}
+    for ep in env.workload.batch(0):
+        by_task.setdefault(ep.task_id, []).append(ep.total)
+    t, totals = next(iter(by_task.items()))
+    assert typical[t] == pytest.approx(math.exp(sum(map(math.log, totals)) / len(totals)))
 
 
 def test_time_accounting_is_finite(results):

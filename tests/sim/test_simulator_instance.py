@@ -161,3 +161,18 @@ def test_evicted_sequences_keep_what_they_generated():
     out = inst.evict_all(10.0)
     assert out == [s] and 0 < s.generated < 5000
     assert s.seg == 5000 - s.generated and s.pre_tokens == s.ctx == 1000 + s.generated
+
+
+def test_sequences_finishing_together_finish_in_admission_order():
+    """Equal finish marks are broken by admission order, never by where the sequences
+    happen to sit in memory: a run must not depend on what ran before it in the same
+    process (a simulator grid runs many cells per worker process)."""
+    loop, order = Loop(), []
+    inst = Instance(1, instance_cost(MODEL, HW, 4), 64, loop.at,
+                    lambda inst, seq, now: order.append(seq.name))  # fmt: skip
+    inst.role = "live"
+    seqs = sorted((Seq(f"s{i}", ctx=500, seg=40) for i in range(8)), key=id, reverse=True)
+    for seq in seqs:  # admitted from the highest address down
+        inst.submit(seq, 0.0)
+    loop.run(lambda: len(order) == len(seqs))
+    assert order == [s.name for s in seqs]
