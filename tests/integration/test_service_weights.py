@@ -107,7 +107,8 @@ async def test_a_restarted_service_loads_the_last_folder_into_its_launched_engin
 ) -> None:
     """After a crash (SIGKILL) and a restart on the same spool, the engine the service
     launches again is given the last update's folder before it serves: later turns are
-    stamped with that version and generate as they did before the crash."""
+    stamped with that version and generate as they did before the crash. A folder the
+    config no longer allows is refused then, as a request for it would be."""
     from libra.engine.model_maker import make_model
 
     other = make_model(tmp_path / "ckpt-s1", seed=1)
@@ -131,3 +132,14 @@ async def test_a_restarted_service_loads_the_last_folder_into_its_launched_engin
     assert all(answers[r.task_id] == r.response_token_ids for r in again)
     first = {r.task_id: r.response_token_ids for r in base}
     assert any(first[r.task_id] != r.response_token_ids for r in again)
+
+    # Restarted with weights_dirs that no longer hold that folder: the stored path is
+    # checked again, refused, and the engine serves the base model at version 0.
+    svc.kill()
+    svc.args += ["--weights-dir", str(tmp_path / "elsewhere")]
+    svc.start(timeout=240)
+    assert "the last update's folder is refused now" in svc.log()
+    async with AsyncClient(svc.url) as c:
+        refused = [r async for r in c.trajectories(await c.submit("arith", tasks))]
+    assert {t.policy_version for r in refused for t in r.turns} == {0}
+    assert all(first[r.task_id] == r.response_token_ids for r in refused)
