@@ -196,8 +196,11 @@ def test_train_interrupt_resume_and_report(tmp_path: Path) -> None:
 
     # the planner moved the hybrid: it starts serving rollouts, but training takes
     # several times the rollout here, and a second replica pays its measured cost back
+    # The replanner considers a move on a settled step whose measurements trigger it
+    # (imbalance), and logs each; how many there are depends on where Ctrl-C lands
+    # (a decision needs two steps measured in the running assignment, and once the
+    # hybrid trains nothing triggers), so only their content and effect are checked.
     decisions = rows(out / "decisions.jsonl")
-    assert len(decisions) >= 3  # every settled step replans (every_steps = 1), logged
     by_step = {r["step"]: r for r in metrics}
     moving = {"starting", "waiting", "joining", "leaving"}
     for d in decisions:
