@@ -24,9 +24,11 @@ def services() -> Iterator[list[Service]]:
         s.close()
 
 
-async def test_weight_update_reaches_the_engine_and_stamps_later_turns(
+def greedy_service(
     tmp_path: Path, tiny_model: Path, services: list[Service]
-) -> None:
+) -> tuple[Service, Path]:
+    """A started service with one launched engine, greedy sampling, and another
+    checkpoint (`ckpt-s1`, other weights) to load into it."""
     from libra.engine.model_maker import make_model
 
     other = make_model(tmp_path / "ckpt-s1", seed=1)
@@ -34,6 +36,13 @@ async def test_weight_update_reaches_the_engine_and_stamps_later_turns(
                   config='[sampling]\ntemperature = 0.0\nmax_tokens = 24\n')  # fmt: skip
     services.append(svc)
     svc.start(timeout=240)
+    return svc, other
+
+
+async def test_weight_update_reaches_the_engine_and_stamps_later_turns(
+    tmp_path: Path, tiny_model: Path, services: list[Service]
+) -> None:
+    svc, other = greedy_service(tmp_path, tiny_model, services)
     tasks = make_tasks(4, seed=5)
     async with AsyncClient(svc.url) as c:
         before = [r async for r in c.trajectories(await c.submit("arith", tasks))]
@@ -66,13 +75,7 @@ async def test_weights_broadcast_from_the_clients_memory(
     folder of the same weights does; a sender on another host is refused (403)."""
     from safetensors.torch import load_file
 
-    from libra.engine.model_maker import make_model
-
-    other = make_model(tmp_path / "ckpt-s1", seed=1)
-    svc = Service(tmp_path, tiny_model, [], "--launch", "1", "--env", "arith",
-                  config='[sampling]\ntemperature = 0.0\nmax_tokens = 24\n')  # fmt: skip
-    services.append(svc)
-    svc.start(timeout=240)
+    svc, other = greedy_service(tmp_path, tiny_model, services)
     tasks = make_tasks(4, seed=5)
     tensors = load_file(str(other / "model.safetensors"))
     async with AsyncClient(svc.url) as c:
@@ -109,13 +112,7 @@ async def test_a_restarted_service_loads_the_last_folder_into_its_launched_engin
     launches again is given the last update's folder before it serves: later turns are
     stamped with that version and generate as they did before the crash. A folder the
     config no longer allows is refused then, as a request for it would be."""
-    from libra.engine.model_maker import make_model
-
-    other = make_model(tmp_path / "ckpt-s1", seed=1)
-    svc = Service(tmp_path, tiny_model, [], "--launch", "1", "--env", "arith",
-                  config='[sampling]\ntemperature = 0.0\nmax_tokens = 24\n')  # fmt: skip
-    services.append(svc)
-    svc.start(timeout=240)
+    svc, other = greedy_service(tmp_path, tiny_model, services)
     tasks = make_tasks(4, seed=5)
     async with AsyncClient(svc.url) as c:
         base = [r async for r in c.trajectories(await c.submit("arith", tasks))]
