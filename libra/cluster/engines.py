@@ -166,18 +166,19 @@ class EmbeddedLauncher:
     async def start(
         self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
     ) -> Engine:
-        port = process.free_port()
-        cmd = [sys.executable, "-m", "libra", "serve-engine", "--model", str(model_dir),
-               "--host", self.host, "--port", str(port), "--threads", str(self.threads),
-               "--max-num-seqs", str(self.max_num_seqs), *self.extra_args]  # fmt: skip
-        child = process.spawn(
-            f"engine {worker}",
-            cmd,
-            log_path=log_dir / f"engine-{worker}.log",
-            url=f"http://{self.host}:{port}",
-            death_signal=signal.SIGTERM,
-        )
-        await process.wait_healthy(child, self.startup_timeout_s)
+        def at(port: int) -> process.Child:
+            cmd = [sys.executable, "-m", "libra", "serve-engine", "--model", str(model_dir),
+                   "--host", self.host, "--port", str(port), "--threads", str(self.threads),
+                   "--max-num-seqs", str(self.max_num_seqs), *self.extra_args]  # fmt: skip
+            return process.spawn(
+                f"engine {worker}",
+                cmd,
+                log_path=log_dir / f"engine-{worker}.log",
+                url=f"http://{self.host}:{port}",
+                death_signal=signal.SIGTERM,
+            )
+
+        child = await process.spawn_listening(at, self.startup_timeout_s, self.host)
         return Engine(worker, self.kind, child, slot)
 
 
@@ -231,17 +232,19 @@ class VllmLauncher:
     async def start(
         self, worker: str, tp: int, slot: Slot, model_dir: str, log_dir: Path
     ) -> Engine:
-        port = process.free_port()
-        server = self.server(tp, slot, port)
         launch = self.launch(model_dir, log_dir)
-        child = process.spawn(
-            f"vLLM {worker} (tp={tp}, {slot.describe()})",
-            vllm.command(launch, server),
-            log_path=log_dir / f"vllm-{worker}.log",
-            env=vllm.environment(launch, server),
-            url=f"http://{self.host}:{port}",
-        )
-        await process.wait_healthy(child, self.section.startup_timeout_s)
+
+        def at(port: int) -> process.Child:
+            server = self.server(tp, slot, port)
+            return process.spawn(
+                f"vLLM {worker} (tp={tp}, {slot.describe()})",
+                vllm.command(launch, server),
+                log_path=log_dir / f"vllm-{worker}.log",
+                env=vllm.environment(launch, server),
+                url=f"http://{self.host}:{port}",
+            )
+
+        child = await process.spawn_listening(at, self.section.startup_timeout_s, self.host)
         return Engine(worker, self.kind, child, slot)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -50,6 +51,9 @@ class Child:
     """Base URL of its HTTP API (empty: it serves none)."""
     start_s: float = 0.0
     """Seconds from spawn to healthy (set by `wait_healthy`)."""
+    log_from: int = 0
+    """Where this run's output starts in the log (a restarted engine appends to its
+    predecessor's)."""
 
     @property
     def pid(self) -> int:
@@ -63,20 +67,27 @@ class Child:
     def log_tail(self, lines: int = 4, chars: int = 400, sep: str = " | ") -> str:
         """The log's last lines (of its last `chars` characters), joined with `sep`
         (one-line errors by default)."""
-        try:
-            text = self.log_path.read_text(errors="replace").strip()
-        except OSError:
+        text = self._log()
+        if text is None:
             return "(no log)"
         return sep.join(text[-chars:].splitlines()[-lines:]) or "(empty log)"
 
     def last_error(self) -> str:
         """The log's last line that names an error (vLLM ends with shutdown messages)."""
-        try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
+        text = self._log()
+        if text is None:
             return "(no log)"
+        lines = text.splitlines()
         found = [x for x in lines if "Error" in x or "error" in x]
         return ((found or lines or ["(empty log)"])[-1]).strip()[-300:]
+
+    def _log(self) -> str | None:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self.log_from)
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return None
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
@@ -90,11 +101,51 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return lambda: prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
 
 
-def free_port() -> int:
-    """A free TCP port on loopback (for a child's HTTP API)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+BIND_TRIES = 3
+"""Starts of a server child on a fresh port before a bind failure is final."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; other systems: a guess below theirs
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (for a child's HTTP API). Picked at random below the
+    kernel's ephemeral range when there is room (ports 20000..): a port the kernel hands
+    to an outgoing connection cannot take it between this check and the child's bind.
+    Another listener still can; `spawn_listening` starts the child again if so."""
+    low = _ephemeral_low()
+    candidates = [random.randrange(20000, low) for _ in range(32)] if low > 21000 else []
+    for port in [*candidates, 0]:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError(f"no free TCP port on {host}")
+
+
+async def spawn_listening(
+    start: Callable[[int], Child], timeout_s: float, host: str = "127.0.0.1"
+) -> Child:
+    """`start(port)` on a free port, then `wait_healthy`. A port is only free when it is
+    checked: a child that exits saying its address is in use (another process bound the
+    port first) is started again on another, `BIND_TRIES` times in all."""
+    for attempt in range(1, BIND_TRIES + 1):
+        child = start(free_port(host))
+        try:
+            await wait_healthy(child, timeout_s)
+        except EndpointError:
+            in_use = "address already in use" in child.log_tail(lines=20, chars=4000).lower()
+            if child.returncode is None or not in_use or attempt == BIND_TRIES:
+                raise
+            continue
+        return child
+    raise AssertionError("unreachable")
 
 
 def spawn(
@@ -111,6 +162,7 @@ def spawn(
     while they start, as vLLM does)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
+        log_from = log.tell()
         proc = subprocess.Popen(
             list(cmd),
             env=env,
@@ -120,7 +172,7 @@ def spawn(
             start_new_session=True,
             preexec_fn=die_with_parent(death_signal),  # noqa: PLW1509 - only a prctl call
         )
-    return Child(name, proc, log_path, url)
+    return Child(name, proc, log_path, url, log_from=log_from)
 
 
 async def wait_healthy(child: Child, timeout_s: float) -> None:
@@ -223,6 +275,7 @@ __all__ = [
     "healthy",
     "kill",
     "spawn",
+    "spawn_listening",
     "stop",
     "stop_blocking",
     "wait_healthy",
