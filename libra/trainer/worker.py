@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -57,6 +58,7 @@ class WorkerSpec:
 
 
 def main(spec: WorkerSpec, conn: Connection) -> None:
+    _name(f"libra-{spec.member_id}-{spec.rank}")
     logging.basicConfig(
         level=os.environ.get("LIBRA_LOG", "WARNING"),
         format=f"[{spec.member_id}/{spec.rank}] %(levelname)s %(message)s",
@@ -80,6 +82,15 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
             w.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _name(name: str) -> None:
+    """Linux: the process's name as `ps`, `top` and `/proc/PID/comm` show it (15 bytes:
+    `libra-core0-0`, `libra-hybrid1-0`), so a rank can be told from the others."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
 def _serve(spec: WorkerSpec, conn: Connection, opened: list[Any]) -> None:
