@@ -104,6 +104,11 @@ class TrainerHandle:
     async def save_checkpoint(self, path: str) -> None:
         await self._call(self.trainer.save_checkpoint, path)
 
+    async def holder(self) -> str | None:
+        """The replica a checkpoint would be saved from now (None: none holds the
+        current step's state whole)."""
+        return await self._call(self.trainer.holder)
+
     async def close(self) -> None:
         """Stop the trainer's processes, after the call in flight (a start, a step) has
         ended: the trainer is never entered twice, also when the caller is cancelled."""

@@ -120,7 +120,7 @@ class Loop:
             try:
                 rep = await self.trainer.step(records)
             except TrainerError as e:  # a core replica is gone (its node, its process)
-                raise self._stopped(e) from None
+                raise await self._stopped(e) from None
             t1 = time.monotonic()
             if self._val is not None:  # validation of v runs on v's weights only
                 await self._val
@@ -151,13 +151,28 @@ class Loop:
                 return "interrupted"
         return "done"
 
-    def _stopped(self, e: TrainerError) -> TrainerError:
+    async def _stopped(self, e: TrainerError) -> TrainerError:
         """The run cannot go on without a core replica: one line naming it (and its
-        node) and how to go on, and a `trainer-failed` event."""
+        node) and how to go on, and a `trainer-failed` event. A loss between two steps
+        leaves the state of the current step whole in every other trained-up replica
+        (another core replica, a hybrid in training): the checkpoint is saved from one
+        of them first, so the resume redoes no step."""
+        saved_from = None
+        if self.trainer.version > self.checkpointed:
+            saved_from = await self.trainer.holder()
+        if saved_from is not None:
+            try:
+                await self.checkpoint()
+                self.checkpointed = self.trainer.version
+            except TrainerError as failed:  # it went too: the last checkpoint stands
+                self.report.event("checkpoint-failed", why=str(failed))
+                saved_from = None
         v = self.checkpointed
         then = (f"resumes from its checkpoint at step {v}" if v > 0
                 else "starts it again (no checkpoint yet)")  # fmt: skip
-        self.report.event("trainer-failed", why=str(e), checkpoint_step=v)
+        if saved_from is not None:
+            then += f" (saved from {saved_from} after the loss)"
+        self.report.event("trainer-failed", why=str(e), checkpoint_step=v, saved_from=saved_from)
         return TrainerError(f"{e}; training stopped, the same command {then}")
 
     async def _publish(self, version: int) -> float:

@@ -107,6 +107,8 @@ class RankStarter(Protocol):
 class _Rank:
     process: Started
     alive: bool = True
+    owed: int = 1
+    """Messages it still owes: its "ready", then one reply per command sent."""
 
     @property
     def conn(self) -> Connection:
@@ -289,6 +291,8 @@ class Ranks:
             r.conn.send(cmd)
         except OSError:
             r.alive = False
+        else:
+            r.owed += 1
 
     def broadcast(self, rid: str, cmd: tuple) -> None:
         """Send to every live rank of `rid`."""
@@ -308,10 +312,27 @@ class Ranks:
         """One reply; a rank whose connection closed (it died, its node is gone) raises
         `TrainerError` naming the replica and its node."""
         try:
-            return r.conn.recv()
+            msg = r.conn.recv()
         except (EOFError, OSError):
             r.alive = False
             raise TrainerError(f"replica {rid} died{self._on(rid)}") from None
+        r.owed -= 1
+        return msg
+
+    def alive(self, rid: str) -> bool:
+        """Are all ranks of `rid` running?"""
+        return all(r.alive and r.process.is_alive() for r in self._ranks[rid])
+
+    def settle(self, rid: str, timeout_s: float = 60.0) -> None:
+        """Read and drop the replies `rid` still owes (commands of a step that another
+        replica's loss cut short), so that its next reply answers the next command."""
+        for r in self._ranks[rid]:
+            while r.owed > 0:
+                if not r.conn.poll(timeout_s):
+                    raise TrainerError(f"replica {rid} did not answer in {timeout_s:g} s")
+                msg = self._recv(rid, r)
+                if msg[0] == "error":
+                    raise TrainerError(f"replica {rid}: {msg[1]}")
 
     def collect(self, rids: list[str]) -> tuple[dict[Key, Any], list[str]]:
         """One reply per live rank of `rids`, and the hybrids that failed meanwhile.
@@ -333,6 +354,7 @@ class Ranks:
                 key = pending[conn]
                 try:
                     got[key] = conn.recv()  # type: ignore[union-attr,call-arg]
+                    want[key].owed -= 1
                 except (EOFError, OSError):
                     got[key] = ("dead", None)
             core_left = [k for k in want if k not in got and k[0] in self._core]

@@ -63,6 +63,9 @@ class ElasticTrainer:
         self._ids = itertools.count()
         self._tickets: dict[str, int] = {}
         """A hybrid's registration ticket (its last), to withdraw it if it is dropped."""
+        self._between_steps = True
+        """False from a step's first update until the step has ended: a step that
+        raised leaves its ranks somewhere inside it."""
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -155,6 +158,7 @@ class ElasticTrainer:
         live = self._live()
         self._hand_out(prep, live)
         results: list[StepResult] = []
+        self._between_steps = False
         for m in range(self.cfg.grpo.minibatches):
             u = self.updates + 1
             replies = self._update(u, m)
@@ -162,7 +166,19 @@ class ElasticTrainer:
             self._membership(replies)
             self.updates = u
         self.version += 1
+        self._between_steps = True
         return aggregate(self, prep, results, time.perf_counter() - t0)
+
+    def holder(self) -> str | None:
+        """The replica that writes checkpoints: core replica 0, or, once it is gone,
+        another core replica or a trained-up hybrid (all hold the same state, bit for
+        bit). None when no live replica holds the state of `version` whole: a replica
+        was lost inside a step, so the others may be between two of its updates."""
+        if not self._between_steps:
+            return None
+        held = [rid for rid, s in self._status.items() if s.state in ("ready", "leaving")]
+        held.sort(key=lambda rid: (rid != "core0", self._status[rid].kind != "core"))
+        return next((rid for rid in held if self._ranks.alive(rid)), None)
 
     def save_weights(self, path: str) -> str:
         """The current weights as an HF model folder at `path` (no optimizer), written
@@ -171,10 +187,18 @@ class ElasticTrainer:
         return str(path)
 
     def save_checkpoint(self, path: str) -> str:
-        """Core replica 0's weights and optimizer, each rank writing its own shards, and
-        the version at `path` (resume with `resume=path`, at any `replica_ranks`; not a
-        model folder: `libra.trainer.checkpoint.export_model` makes one)."""
-        self._ranks.ask("core0", ("save", str(path), {"version": self.version}, True))
+        """The `holder`'s weights and optimizer (core replica 0's while it runs), each
+        rank writing its own shards, and the version at `path` (resume with
+        `resume=path`, at any `replica_ranks`; not a model folder:
+        `libra.trainer.checkpoint.export_model` makes one). After a core replica's loss
+        between steps a survivor saves the state of `version`, so a resume redoes no
+        step; `TrainerError` when none holds it."""
+        rid = self.holder()
+        if rid is None:
+            raise TrainerError(f"no live replica holds the state of step {self.version} "
+                               "whole (a replica was lost inside a step)")  # fmt: skip
+        self._ranks.settle(rid)  # replies a step cut short by the loss still owes
+        self._ranks.ask(rid, ("save", str(path), {"version": self.version}, True))
         return str(path)
 
     # -- weight broadcast (libra.trainer.broadcast; driven by libra.weights) -----------
@@ -201,11 +225,11 @@ class ElasticTrainer:
         self._ranks.ask("core0", ("wt", "close", gid))
 
     def state_hashes(self) -> dict[str, list[str]]:
-        """Hash of parameters + optimizer state per ready replica, per rank."""
+        """Hash of parameters + optimizer state per ready replica that runs, per rank."""
         return {
             rid: [str(v) for v in self._ranks.ask(rid, ("hash",))]
             for rid, s in self._status.items()
-            if s.state in ("ready", "leaving")
+            if s.state in ("ready", "leaving") and self._ranks.alive(rid)
         }
 
     # -- the step's parts -------------------------------------------------------------
