@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,8 +14,7 @@ import orjson
 import pytest
 
 from libra.trainer.checkpoint import read_meta
-from tests.conftest import ROOT
-from tests.integration.test_train_engine_loss import CONFIG, rows
+from tests.integration.test_train_engine_loss import CONFIG, rows, start_train
 
 RUN = (
     CONFIG.replace("steps = 4", "steps = 30")
@@ -46,13 +43,7 @@ def rank_pid(parent: int, name: str) -> int:
 
 @pytest.mark.timeout(600)
 def test_a_core_replica_lost_between_steps_is_saved_from_the_hybrid(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    config = tmp_path / "train.toml"
-    config.write_text(RUN.format(out=out))
-    log = tmp_path / "train.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "libra", "train", str(config)],
-                                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+    proc, out, log = start_train(tmp_path, RUN)
     try:
         deadline = time.monotonic() + 300
         joined_at = None
