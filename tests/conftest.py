@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from libra.cluster import process
 from tests.fakes.vllm_fake import FakeVLLM
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +40,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a server a test starts: Libra's own pick, below the ephemeral range,
+    so no outgoing connection takes it before the server binds it."""
+    return process.free_port()
 
 
 class RunningFake:
