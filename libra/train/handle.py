@@ -109,6 +109,11 @@ class TrainerHandle:
         current step's state whole)."""
         return await self._call(self.trainer.holder)
 
+    @property
+    def saved_by(self) -> str:
+        """The replica that wrote the last checkpoint."""
+        return str(self.trainer.saved_by)
+
     async def close(self) -> None:
         """Stop the trainer's processes, after the call in flight (a start, a step) has
         ended: the trainer is never entered twice, also when the caller is cancelled."""

@@ -158,15 +158,13 @@ class Loop:
         (another core replica, a hybrid in training): the checkpoint is saved from one
         of them first, so the resume redoes no step."""
         saved_from = None
-        if self.trainer.version > self.checkpointed:
-            saved_from = await self.trainer.holder()
-        if saved_from is not None:
+        if self.trainer.version > self.checkpointed and await self.trainer.holder():
             try:
                 await self.checkpoint()
                 self.checkpointed = self.trainer.version
-            except TrainerError as failed:  # it went too: the last checkpoint stands
+                saved_from = self.trainer.saved_by
+            except TrainerError as failed:  # they went too: the last checkpoint stands
                 self.report.event("checkpoint-failed", why=str(failed))
-                saved_from = None
         v = self.checkpointed
         then = (f"resumes from its checkpoint at step {v}" if v > 0
                 else "starts it again (no checkpoint yet)")  # fmt: skip

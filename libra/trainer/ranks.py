@@ -357,6 +357,7 @@ class Ranks:
                     want[key].owed -= 1
                 except (EOFError, OSError):
                     got[key] = ("dead", None)
+                    want[key].alive = False  # before Ray's view of the node catches up
             core_left = [k for k in want if k not in got and k[0] in self._core]
             if not core_left and core_done_at is None:
                 core_done_at = time.monotonic()
@@ -365,6 +366,7 @@ class Ranks:
                     got.setdefault(key, ("dead", None))
             for key in core_left:
                 if not want[key].process.is_alive() and key not in got:
+                    want[key].alive = False
                     where = self._on(key[0])
                     raise TrainerError(f"core replica {key[0]} rank {key[1]} died{where}")
         failed: list[str] = []

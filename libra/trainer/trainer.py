@@ -66,6 +66,8 @@ class ElasticTrainer:
         self._between_steps = True
         """False from a step's first update until the step has ended: a step that
         raised leaves its ranks somewhere inside it."""
+        self.saved_by = ""
+        """The replica that wrote the last checkpoint."""
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -174,11 +176,14 @@ class ElasticTrainer:
         another core replica or a trained-up hybrid (all hold the same state, bit for
         bit). None when no live replica holds the state of `version` whole: a replica
         was lost inside a step, so the others may be between two of its updates."""
+        return next(iter(self._holders()), None)
+
+    def _holders(self) -> list[str]:
         if not self._between_steps:
-            return None
-        held = [rid for rid, s in self._status.items() if s.state in ("ready", "leaving")]
-        held.sort(key=lambda rid: (rid != "core0", self._status[rid].kind != "core"))
-        return next((rid for rid in held if self._ranks.alive(rid)), None)
+            return []
+        held = [rid for rid, s in self._status.items()
+                if s.state in ("ready", "leaving") and self._ranks.alive(rid)]  # fmt: skip
+        return sorted(held, key=lambda rid: (rid != "core0", self._status[rid].kind != "core"))
 
     def save_weights(self, path: str) -> str:
         """The current weights as an HF model folder at `path` (no optimizer), written
@@ -193,13 +198,18 @@ class ElasticTrainer:
         `libra.trainer.checkpoint.export_model` makes one). After a core replica's loss
         between steps a survivor saves the state of `version`, so a resume redoes no
         step; `TrainerError` when none holds it."""
-        rid = self.holder()
-        if rid is None:
-            raise TrainerError(f"no live replica holds the state of step {self.version} "
-                               "whole (a replica was lost inside a step)")  # fmt: skip
-        self._ranks.settle(rid)  # replies a step cut short by the loss still owes
-        self._ranks.ask(rid, ("save", str(path), {"version": self.version}, True))
-        return str(path)
+        why = (f"no live replica holds the state of step {self.version} whole (a "
+               "replica was lost inside a step)")  # fmt: skip
+        for rid in self._holders():  # the next one if this one is found gone too
+            try:
+                self._ranks.settle(rid)  # replies a step cut short by a loss still owes
+                self._ranks.ask(rid, ("save", str(path), {"version": self.version}, True))
+            except TrainerError as e:
+                why = str(e)
+                continue
+            self.saved_by = rid
+            return str(path)
+        raise TrainerError(why)
 
     # -- weight broadcast (libra.trainer.broadcast; driven by libra.weights) -----------
 

@@ -190,25 +190,29 @@ def test_train_on_ray_places_engines_by_node_and_goes_on_when_a_node_is_lost(
 
 
 TRAINER_CONFIG = (
-    CONFIG.replace("steps = 10", "steps = 6")
+    CONFIG.replace("steps = 10", "steps = 8")
     .replace(
         "core_rollout = 2\nhybrids = 0", 'core_rollout = 1\nhybrids = 1\nhybrid_start = "train"'
     )
-    .replace("plots = false", "plots = false\ncheckpoint_every = 2")
+    # no staleness: once a step's row is written the trainer waits for the next batch
+    .replace("concurrency = 16", "concurrency = 16\nmax_staleness = 0")
+    .replace("plots = false", "plots = false\ncheckpoint_every = 100")
     # a member lost between its admission and its epoch holds the core this long
     + "\n[trainer.elastic]\ntimeout_s = 20\n"
 )
 
 
 @pytest.mark.timeout(600)
-def test_train_on_ray_drops_a_lost_hybrid_and_stops_resumably_on_a_lost_core_replica(
+def test_train_on_ray_saves_a_lost_core_replicas_step_from_the_hybrid_and_drops_a_lost_hybrid(
     tmp_path: Path, ray_cluster: Any
 ) -> None:
     """One engine, the core training replica and a hybrid training replica, each on its
-    own node. After step 2 the hybrid's node is killed outright: the run goes on
-    without it. After the checkpoint of step 4 the core replica's node is killed: the
-    command stops in one line naming the replica and its node, and the same command
-    resumes from step 4 to the end. Nothing of either lost node is left running."""
+    own node. Once the hybrid has joined and trained a step, the core replica's node is
+    killed outright between two steps: the command stops in one line naming the replica
+    and its node, with the checkpoint of that step saved from the hybrid (no periodic
+    one was due). The same command resumes there; after its first step the hybrid's
+    node is killed outright, and the run goes on without it to the end. Nothing of
+    either lost node is left running."""
     grow(ray_cluster, 2)  # engine, core, hybrid, and one spare
     out = tmp_path / "run"
     config = tmp_path / "train.toml"
@@ -218,67 +222,56 @@ def test_train_on_ray_drops_a_lost_hybrid_and_stops_resumably_on_a_lost_core_rep
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     cmd = [sys.executable, "-m", "libra", "train", str(config)]
     killed: dict[str, dict[str, Any]] = {}
-    log = tmp_path / "train.log"
     t0 = time.monotonic()
     try:
-        with open(log, "wb") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-            try:
-                while proc.poll() is None and time.monotonic() - t0 < 400:
-                    done = (
-                        len(rows(out / "metrics.jsonl")) if (out / "metrics.jsonl").is_file() else 0
-                    )
-                    if done >= 2 and "hybrid0" not in killed:
-                        killed["hybrid0"] = kill_trainer_node(ray_cluster, out, "hybrid0")
-                    saved = state_version(out)
-                    if saved >= 4 and "train0" not in killed:
-                        killed["train0"] = kill_trainer_node(ray_cluster, out, "train0")
-                    time.sleep(0.3)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                code = proc.wait()
-        first = log.read_text()
-        assert set(killed) == {"hybrid0", "train0"}, first[-3000:]
+        first, done = run_until(cmd, env, tmp_path / "train.log", out, joined=True)
+        killed["train0"] = kill_trainer_node(ray_cluster, out, "train0")
+        code = first.wait(timeout=300)
+        text = (tmp_path / "train.log").read_text()
         # stopped in one line naming the core replica and its node, and how to go on
-        assert code != 0, first[-3000:]
-        lines = [x for x in first.splitlines() if x.startswith("libra: error:")]
-        assert len(lines) == 1, first[-3000:]
+        assert code != 0, text[-3000:]
+        lines = [x for x in text.splitlines() if x.startswith("libra: error:")]
+        assert len(lines) == 1, text[-3000:]
         node = killed["train0"]["node"]
         assert "core replica core0" in lines[0] and node in lines[0], lines[0]
-        assert "resumes from its checkpoint at step" in lines[0], lines[0]
-        # nothing of the lost nodes is left: their ranks, Ray's workers there
-        for k in killed.values():
-            assert not [p for p in k["workers"] if not wait_gone(p)], k
+        saved = f"resumes from its checkpoint at step {done} (saved from hybrid0 after the loss)"
+        assert saved in lines[0], lines[0]
+        assert state_version(out) == done
         events = rows(out / "events.jsonl")
         started = next(e for e in events if e["event"] == "fleet-started")
         on = started["nodes"]
         assert len({on["rollout0"], on["train0"], on["hybrid0"]}) == 3, on
         head = ray_cluster.head_node.node_id
         assert head not in on.values(), on
-        # the hybrid's loss cost the run nothing: it went on training past step 2
-        dropped = [e for e in events if e["event"] == "trainer-dropped"]
-        assert [e["replica"] for e in dropped] == ["hybrid0"], dropped
         failed = [e for e in events if e["event"] == "trainer-failed"]
         assert len(failed) == 1 and node in failed[0]["why"], failed
-        stopped_at = state_version(out)
-        assert stopped_at >= 4
-
+        assert failed[0]["saved_from"] == "hybrid0", failed
         recorded = [r["id"] for r in rows(out / "trajectories.jsonl")]
 
-        # the same command resumes at the checkpoint and trains to the end
-        grow(ray_cluster, 1)  # for the hybrid, which resumes training
-        again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-        assert f"resuming run in {out} at step {stopped_at}" in again.stdout + again.stderr
+        # the same command resumes at that step; its hybrid's node is lost after a step
+        again, _ = run_until(cmd, env, tmp_path / "again.log", out, rows_past=done)
+        resumed = [e for e in rows(out / "events.jsonl")[len(events) :]
+                   if e["event"] == "fleet-started"]  # fmt: skip
+        assert resumed, (tmp_path / "again.log").read_text()[-3000:]
+        killed["hybrid0"] = kill_trainer_node(ray_cluster, out, "hybrid0", resumed[-1])
+        code = again.wait(timeout=300)
+        text = (tmp_path / "again.log").read_text()
+        assert code == 0, text[-3000:]
+        assert f"resuming run in {out} at step {done}" in text
         metrics = rows(out / "metrics.jsonl")
-        assert [r["step"] for r in metrics] == list(range(1, 7)), metrics
+        assert [r["step"] for r in metrics] == list(range(1, 9)), metrics
         assert all(isinstance(r["reward"], float) for r in metrics)
-        # the resumed engine got the checkpoint's weights: no publication failed
         later = rows(out / "events.jsonl")[len(events) :]
+        # the hybrid's loss cost the run nothing: it went on to the end without it
+        dropped = [e for e in later if e["event"] == "trainer-dropped"]
+        assert [e["replica"] for e in dropped] == ["hybrid0"], dropped
+        # the resumed engine got the checkpoint's weights: no publication failed
         assert not [e for e in later if e["event"] in ("weights-not-delivered", "engine-lost")]
-        # every episode once in trajectories.jsonl; those the first run recorded after its
-        # checkpoint (drawn again by the resumed run) set aside, not lost
+        # nothing of the lost nodes is left: their ranks, Ray's workers there
+        for k in killed.values():
+            assert not [p for p in k["workers"] if not wait_gone(p)], k
+        # every episode once in trajectories.jsonl; those the first run recorded after
+        # its checkpoint (drawn again by the resumed run) set aside, not lost
         ids = [r["id"] for r in rows(out / "trajectories.jsonl")]
         assert len(ids) == len(set(ids))
         aside = out / "trajectories-superseded.jsonl"
@@ -291,6 +284,35 @@ def test_train_on_ray_drops_a_lost_hybrid_and_stops_resumably_on_a_lost_core_rep
     assert not ranks_of([pid for pid, _ in _live()]), "trainer ranks left running"
 
 
+def run_until(
+    cmd: list[str], env: dict[str, str], log: Path, out: Path, *, joined: bool = False,
+    rows_past: int = 0,
+) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
+    """Start `cmd` (output to `log`) and return once it has written a metrics row past
+    `rows_past`, and with `joined`, one past the step in which a hybrid joined: (the
+    process, the rows written). The process is killed if this fails."""
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 400
+        joined_at = None if joined else rows_past
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            done = len(rows(out / "metrics.jsonl")) if (out / "metrics.jsonl").is_file() else 0
+            if joined_at is None:
+                events = rows(out / "events.jsonl") if (out / "events.jsonl").is_file() else []
+                if any(e["event"] == "trainer-joined" for e in events):
+                    joined_at = done
+            if joined_at is not None and done > joined_at:
+                return proc, done
+            time.sleep(0.05)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
 def state_version(out: Path) -> int:
     """The step of the run's last checkpoint (0: none yet)."""
     try:
@@ -299,9 +321,13 @@ def state_version(out: Path) -> int:
         return 0
 
 
-def kill_trainer_node(cluster: Any, out: Path, worker: str) -> dict[str, Any]:
-    """Kill the Ray node that runs `worker`'s training replica, as a machine is lost."""
-    started = next(e for e in rows(out / "events.jsonl") if e["event"] == "fleet-started")
+def kill_trainer_node(
+    cluster: Any, out: Path, worker: str, started: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Kill the Ray node that runs `worker`'s training replica, as a machine is lost
+    (where `started`, a `fleet-started` event, placed it; default: the run's first)."""
+    if started is None:
+        started = next(e for e in rows(out / "events.jsonl") if e["event"] == "fleet-started")
     node_id = started["nodes"][worker]
     node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
     raylet = node.all_processes["raylet"][0].process.pid
