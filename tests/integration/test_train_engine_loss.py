@@ -74,20 +74,15 @@ def engine_pids(out: Path) -> list[int]:
     return pids
 
 
-def start_train(tmp_path: Path, config: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    """`libra train` on `config` (its `{out}`: tmp_path/run), output to tmp_path/train.log;
-    returns the process, the run's folder and the log."""
-    out, path, log = tmp_path / "run", tmp_path / "train.toml", tmp_path / "train.log"
-    path.write_text(config.format(out=out))
-    with log.open("wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "libra", "train", str(path)],
-                                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
-    return proc, out, log
-
-
 @pytest.mark.timeout(600)
 def test_a_killed_engine_is_replaced_and_the_run_completes(tmp_path: Path) -> None:
-    proc, out, log = start_train(tmp_path, CONFIG)
+    out = tmp_path / "run"
+    config = tmp_path / "train.toml"
+    config.write_text(CONFIG.format(out=out))
+    log = tmp_path / "train.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "libra", "train", str(config)],
+                                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while not ((out / "metrics.jsonl").is_file() and rows(out / "metrics.jsonl")):
