@@ -222,11 +222,11 @@ def test_train_on_ray_saves_a_lost_core_replicas_step_from_the_hybrid_and_drops_
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     cmd = [sys.executable, "-m", "libra", "train", str(config)]
     killed: dict[str, dict[str, Any]] = {}
-    started: list[subprocess.Popen[bytes]] = []
+    runs: list[subprocess.Popen[bytes]] = []
     t0 = time.monotonic()
     try:
         first, done = run_until(cmd, env, tmp_path / "train.log", out, joined=True)
-        started.append(first)
+        runs.append(first)
         killed["train0"] = kill_trainer_node(ray_cluster, out, "train0")
         code = first.wait(timeout=300)
         text = (tmp_path / "train.log").read_text()
@@ -252,7 +252,7 @@ def test_train_on_ray_saves_a_lost_core_replicas_step_from_the_hybrid_and_drops_
 
         # the same command resumes at that step; its hybrid's node is lost after a step
         again, _ = run_until(cmd, env, tmp_path / "again.log", out, rows_past=done)
-        started.append(again)
+        runs.append(again)
         resumed = [e for e in rows(out / "events.jsonl")[len(events) :]
                    if e["event"] == "fleet-started"]  # fmt: skip
         assert resumed, (tmp_path / "again.log").read_text()[-3000:]
@@ -282,7 +282,7 @@ def test_train_on_ray_saves_a_lost_core_replicas_step_from_the_hybrid_and_drops_
         assert set(recorded) <= set(ids) | set(moved)  # nothing the first run finished lost
         print(f"libra train on Ray, trainer nodes lost, resumed: {time.monotonic() - t0:.1f} s")
     finally:
-        for proc in started:
+        for proc in runs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
