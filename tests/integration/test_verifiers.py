@@ -65,22 +65,20 @@ def test_verifiers_envs_run_under_libra_rollout(tmp_path: Path, spawn_fake) -> N
         assert 0 in rec["loss_mask"] and rec["loss_mask"][-1] == 1  # tool tokens masked
         assert shape(rec) == shape(native)
 
-    chat = rollout(tmp_path, url, "verifiers:vf_chat")
-    by_task = {r["task_id"]: r for r in chat}
+    # A task is chosen from the taskset by id, never built from the task's fields.
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "chat-0"}\n{"id": "chat-1"}\n'
+                     '{"id": "nope", "prompt": "x", "image": "evil"}\n')  # fmt: skip
+    by_task = {r["task_id"]: r for r in rollout(tmp_path, url, "verifiers:vf_chat",
+                                                "--tasks", str(tasks))}  # fmt: skip
+    chat = [by_task["chat-0"], by_task["chat-1"]]
     assert all(r["status"] == "ok" and len(r["turns"]) == 1 for r in chat)
     # The scripted model says 42 to both: the rubric tells them apart.
     assert by_task["chat-0"]["reward"] == 1.0 and by_task["chat-1"]["reward"] == 0.0
     assert by_task["chat-0"]["reward_info"]["metrics"]["reply_chars"] > 0
     assert shape(by_task["chat-0"]) == shape(native)
-
-    # A task is chosen from the taskset by id, never built from the task's fields.
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"id": "chat-0"}\n{"id": "nope", "prompt": "x", "image": "evil"}\n')
-    mixed = {r["task_id"]: r for r in rollout(tmp_path, url, "verifiers:vf_chat",
-                                              "--tasks", str(tasks))}  # fmt: skip
-    assert mixed["chat-0"]["status"] == "ok" and mixed["chat-0"]["reward"] == 1.0
-    assert mixed["nope"]["status"] == "error"
-    assert "not a task of verifiers taskset 'vf_chat'" in mixed["nope"]["error"]
+    assert by_task["nope"]["status"] == "error"
+    assert "not a task of verifiers taskset 'vf_chat'" in by_task["nope"]["error"]
 
 
 def test_a_bad_verifiers_spec_is_one_clear_error() -> None:
