@@ -152,12 +152,7 @@ class CatchUp:
                         "replica: replicas must share model and ranks per replica"
                     )
                 for t in self.replica.state_tensors():
-                    if t.device.type == "cpu":
-                        _recv_exact(conn, _view(t))
-                    else:  # a GPU shard: through host memory, one tensor at a time
-                        host = torch.empty(t.shape, dtype=t.dtype)
-                        _recv_exact(conn, _view(host))
-                        t.copy_(host)
+                    _recv_tensor(conn, t)
                 self.replica.set_counts(int(header["updates"]), float(header["adam_step"]))
                 log.info("snapshot %s received (state at update %s)", token, header["updates"])
             with self._cv:
@@ -189,6 +184,22 @@ class CatchUp:
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
+
+
+def _recv_tensor(sock: socket.socket, t: torch.Tensor, via_host: bool | None = None) -> None:
+    """`t`'s bytes from `sock`, written into `t`: straight into a host tensor's memory; a
+    GPU shard (`via_host`, default: `t` is not on the CPU) through host memory, one tensor
+    at a time. The copy runs without autograd: this is the catch-up thread, where grad
+    mode is on (it is per thread) and the parameters are leaves that require grad."""
+    if via_host is None:
+        via_host = t.device.type != "cpu"
+    if not via_host:
+        _recv_exact(sock, _view(t))
+        return
+    host = torch.empty(t.shape, dtype=t.dtype)
+    _recv_exact(sock, _view(host))
+    with torch.no_grad():
+        t.copy_(host)
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:

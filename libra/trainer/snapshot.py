@@ -120,10 +120,11 @@ class Donor:
     def _run(self, jobs: list[Job], updates: int, adam_step: float) -> None:
         try:
             off = 0
-            for t in self.replica.state_tensors():
-                n = t.numel()
-                self.staging[off : off + n].copy_(t.reshape(-1))
-                off += n
+            with torch.no_grad():  # this thread's grad mode is on; the staging is plain bytes
+                for t in self.replica.state_tensors():
+                    n = t.numel()
+                    self.staging[off : off + n].copy_(t.reshape(-1))
+                    off += n
         finally:
             self.copied.set()
         for job in jobs:

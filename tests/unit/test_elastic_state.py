@@ -150,3 +150,35 @@ def test_a_folder_that_is_not_a_checkpoint_says_so(cfg, tmp_path):
     (tmp_path / "trainer_state.json").write_text('{"version": 1, "updates": 1}')
     with pytest.raises(ConfigError, match="no shards"):
         check(tmp_path)
+
+
+def test_a_gpu_shard_lands_through_host_memory_on_the_catch_up_thread():
+    """On CUDA a joiner's state tensors receive through a host buffer then copy in,
+    on the catch-up thread, where grad mode is on: the copy into a parameter (a leaf
+    that requires grad) must not go through autograd (seen on an H200: the hybrid's
+    snapshot failed with "a leaf Variable that requires grad is being used in an
+    in-place operation"). `via_host` takes that path with a CPU parameter."""
+    import socket
+    import threading
+
+    from libra.trainer.catchup import _recv_tensor
+    from libra.trainer.snapshot import _view
+
+    param = torch.nn.Parameter(torch.zeros(64, 8))
+    sent = torch.randn(64, 8, generator=torch.Generator().manual_seed(3))
+    errors: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            _recv_tensor(b, param, via_host=True)
+        except BaseException as e:  # the test reports it below
+            errors.append(e)
+
+    a, b = socket.socketpair()
+    with a, b:
+        t = threading.Thread(target=receive)
+        t.start()
+        a.sendall(_view(sent))
+        t.join(30)
+    assert not errors, errors
+    assert torch.equal(param.detach(), sent) and param.requires_grad
