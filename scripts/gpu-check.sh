@@ -31,13 +31,22 @@ if [ "${1:-}" = "wheels" ]; then
     exit 0
 fi
 
-export PYTHONPATH=$PWD
+# The package as setup.py lays it out (libra.envs, libra.tools and libra.sandboxes live
+# in top-level folders): a tree of links, so that the source runs without an install.
+tree=$(mktemp -d /tmp/libra-tree.XXXXXX)
+mkdir "$tree/libra"
+for f in "$PWD"/libra/*; do ln -s "$f" "$tree/libra/"; done
+for sub in envs tools sandboxes; do ln -s "$PWD/$sub" "$tree/libra/$sub"; done
+export PYTHONPATH=$tree
 if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/libra-site .whl/*.whl
-    export PYTHONPATH=/tmp/libra-site:$PWD
+    export PYTHONPATH=/tmp/libra-site:$tree
 fi
 export PYTHONUNBUFFERED=1
-out=$(python3 -m libra bench gpu-check --json "$@")
+cd "$tree"  # `python -m` puts the working directory first on the path: not the checkout
+rc=0
+out=$(python3 -m libra bench gpu-check --json "$@") || rc=$?
 echo "$out"
 if [ -n "${OUT:-}" ]; then echo "$out" > "$OUT/gpu-check.json"; fi
+exit "$rc"

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+PARTS = ("cpu_vs_device", "train", "elastic")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from libra.bench.trainer import add_model_arguments
@@ -51,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trainer.activation_checkpointing")  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="the device's dense bf16 peak (H100/H200 SXM: 989)")  # fmt: skip
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"which parts run, comma-separated (of {','.join(PARTS)})")  # fmt: skip
     p.add_argument("--elastic-cycles", type=int, default=1,
                    help="hybrid join/leave cycles on the device (0: skip)")  # fmt: skip
 
@@ -63,6 +67,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device here (--device cpu runs on CPU)")
     device = cuda(0) if args.device == "cuda" else CPU
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        raise SystemExit(f"--parts: {sorted(parts - set(PARTS))} unknown (of {', '.join(PARTS)})")
     with tempfile.TemporaryDirectory(prefix="libra-gpu-check-") as tmp:
         root = Path(tmp)
         shape = _shape(args)
@@ -71,13 +78,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "torch": torch.__version__,
             "shape": shape,
         }
-        out["train"] = _train(args, device, _model(root / "model", shape))
         tiny = {**shape, "hidden": 64, "intermediate": 128, "layers": 2, "heads": 4,
                 "kv_heads": 2, "head_dim": 16, "vocab": 512}  # fmt: skip
-        out["cpu_vs_device"] = _compare(device, _model(root / "tiny", tiny))
-    if args.elastic_cycles:
-        out["elastic"] = _elastic(args)
+        # each part runs even when one before it failed: one device session answers all
+        if "cpu_vs_device" in parts:
+            out["cpu_vs_device"] = _part(
+                "cpu_vs_device", lambda: _compare(device, _model(root / "tiny", tiny))
+            )
+        if "train" in parts:
+            model = root / "model"
+            out["train"] = _part("train", lambda: _train(args, device, _model(model, shape)))
+    if "elastic" in parts and args.elastic_cycles:
+        out["elastic"] = _part("elastic", lambda: _elastic(args))
+    out["failed"] = [k for k, v in out.items() if isinstance(v, dict) and "error" in v]
     return out
+
+
+def _part(name: str, fn: Any) -> dict[str, Any]:
+    """`fn()`, or its failure as `{"error": the traceback's last lines}`; its progress on
+    stderr (a run cut off by its time limit still says where it was)."""
+    import sys
+    import traceback
+
+    t0 = time.perf_counter()
+    print(f"gpu-check: {name} ...", file=sys.stderr, flush=True)
+    try:
+        got: dict[str, Any] = fn()
+    except Exception:  # reported in the JSON, and the command exits 1
+        traceback.print_exc()
+        got = {"error": traceback.format_exc().strip().splitlines()[-12:]}
+    print(f"gpu-check: {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr,
+          flush=True)  # fmt: skip
+    return got
 
 
 def _elastic(args: argparse.Namespace) -> dict[str, Any]:
@@ -148,19 +180,32 @@ def _trainer_cfg(folder: Path, args: argparse.Namespace | None, dtype: str) -> A
                          activation_checkpointing=ckpt)  # fmt: skip
 
 
-def _step(replica: Any, samples: list[Any]) -> tuple[float, int]:
-    """One GRPO update on `samples`: (summed loss, loss tokens)."""
+def _step(replica: Any, samples: list[Any], flat: Any) -> dict[str, float]:
+    """One GRPO update on `samples` as a rank of the elastic trainer makes it: the
+    backward on the device, the gradient packed into `flat` (the elastic domain's host
+    buffer, pinned on CUDA) and its sum of squares taken there, the update applied from
+    it. Returns the summed loss, the loss tokens and each phase's seconds."""
     import torch
 
     from libra.trainer import grpo
     from libra.trainer.replica import sumsq
 
+    def clock() -> float:
+        if replica.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     cfg = replica.cfg
+    t0 = clock()
     stats = grpo.backward(replica.model, samples, cfg.grpo, dtype=cfg.dtype, device=replica.device)
-    flat = torch.zeros(replica.grad_numel, device=replica.device.torch)
+    t1 = clock()
     replica.pack_grads(flat)
-    replica.apply(flat, stats.tokens, sumsq(flat))
-    return stats.metrics["loss"], stats.tokens
+    gsq = sumsq(flat)
+    t2 = clock()
+    replica.apply(flat, stats.tokens, gsq)
+    t3 = clock()
+    return {"loss": stats.metrics["loss"], "tokens": stats.tokens, "compute_s": t1 - t0,
+            "exchange_s": t2 - t1, "apply_s": t3 - t2}  # fmt: skip
 
 
 def _train(args: argparse.Namespace, device: Any, folder: Path) -> dict[str, Any]:
@@ -173,6 +218,7 @@ def _train(args: argparse.Namespace, device: Any, folder: Path) -> dict[str, Any
     replica = Replica(_trainer_cfg(folder, args, "bfloat16"), device=device)
     params = sum(p.numel() for p in replica.params)
     layers, width = args.layers, args.heads * args.head_dim
+    flat = torch.zeros(replica.grad_numel, pin_memory=cuda)
     steps = []
     for k in range(args.steps):
         samples = _samples(args.tokens, args.min_len, args.max_len, args.vocab, seed=k)
@@ -181,7 +227,7 @@ def _train(args: argparse.Namespace, device: Any, folder: Path) -> dict[str, Any
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        loss, loss_tokens = _step(replica, samples)
+        got = _step(replica, samples, flat)
         if cuda:
             torch.cuda.synchronize()
         took = time.perf_counter() - t0
@@ -199,7 +245,8 @@ def _train(args: argparse.Namespace, device: Any, folder: Path) -> dict[str, Any
             "peak_memory_gib": (
                 round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
             ),
-            "loss_per_token": round(loss / max(loss_tokens, 1), 6),
+            "loss_per_token": round(got["loss"] / max(got["tokens"], 1), 6),
+            "phases_s": {k: round(got[k], 3) for k in ("compute_s", "exchange_s", "apply_s")},
         })  # fmt: skip
     ckpt = folder.parent / "ckpt"
     t0 = time.perf_counter()
@@ -224,27 +271,41 @@ def _train(args: argparse.Namespace, device: Any, folder: Path) -> dict[str, Any
 
 
 def _compare(device: Any, folder: Path) -> dict[str, Any]:
-    """One float32 step's loss and gradient on the CPU and on `device`."""
+    """One float32 step's loss and gradient from the same weights and batch: padded on
+    the CPU against padded on `device` (the device's arithmetic), and packed against
+    padded on `device` (the installed transformers' packed-sequence masking there)."""
     import torch
 
     from libra.trainer import grpo
+    from libra.trainer.config import TrainerConfig
     from libra.trainer.device import CPU
     from libra.trainer.replica import Replica
 
     samples = _samples(2048, 16, 512, vocab=512, seed=7)
     out = {}
-    for name, dev in (("cpu", CPU), ("device", device)):
-        replica = Replica(_trainer_cfg(folder, None, "float32"), device=dev)
+    for name, dev, packing in (("cpu", CPU, False), ("device", device, False),
+                               ("packed", device, True)):  # fmt: skip
+        cfg = TrainerConfig(model=str(folder), dtype="float32", grpo={"packing": packing})
+        replica = Replica(cfg, device=dev)
         stats = grpo.backward(replica.model, samples, replica.cfg.grpo, device=dev)
-        flat = torch.zeros(replica.grad_numel, device=dev.torch)
+        flat = torch.zeros(replica.grad_numel)
         replica.pack_grads(flat)
-        out[name] = (stats.metrics["loss"], flat.cpu())
-    (l_cpu, g_cpu), (l_dev, g_dev) = out["cpu"], out["device"]
+        out[name] = (stats.metrics["loss"], flat)
+
+    def rel(a: str, b: str) -> tuple[float, float]:
+        (la, ga), (lb, gb) = out[a], out[b]
+        loss = abs(la - lb) / max(abs(lb), 1e-12)
+        return loss, float((ga - gb).norm() / gb.norm().clamp_min(1e-12))
+
+    loss_rel, grad_rel = rel("device", "cpu")
+    packed_loss_rel, packed_grad_rel = rel("packed", "device")
     return {
-        "loss_cpu": l_cpu,
-        "loss_device": l_dev,
-        "loss_rel_diff": abs(l_dev - l_cpu) / max(abs(l_cpu), 1e-12),
-        "grad_rel_diff": float((g_dev - g_cpu).norm() / g_cpu.norm().clamp_min(1e-12)),
+        "loss_cpu": out["cpu"][0],
+        "loss_device": out["device"][0],
+        "loss_rel_diff": loss_rel,
+        "grad_rel_diff": grad_rel,
+        "packed_vs_padded_loss_rel_diff": packed_loss_rel,
+        "packed_vs_padded_grad_rel_diff": packed_grad_rel,
     }
 
 

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         _print_table(result)
-    return 0
+    # a benchmark of several parts lists those that failed (their errors are printed)
+    return 1 if isinstance(result, dict) and result.get("failed") else 0
 
 
 def _print_table(doc: Any, prefix: str = "") -> None:

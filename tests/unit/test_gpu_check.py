@@ -31,6 +31,13 @@ def test_gpu_check_runs_the_trainer_end_to_end_on_cpu(tmp_path):
     assert train["dcp"]["state_hash_equal"] and train["dcp"]["bytes"] > 0
     cmp = out["cpu_vs_device"]
     assert cmp["loss_rel_diff"] == 0.0 and cmp["grad_rel_diff"] == 0.0
+    # packed rows and padded ones: the same loss and gradient (what the GPU run checks
+    # against the transformers installed there)
+    assert cmp["packed_vs_padded_loss_rel_diff"] < 1e-5
+    assert cmp["packed_vs_padded_grad_rel_diff"] < 1e-5
+    phases = train["steps"][0]["phases_s"]
+    assert set(phases) == {"compute_s", "exchange_s", "apply_s"} and phases["compute_s"] > 0
+    assert out["failed"] == []
     # a hybrid joined the core replica, caught up and trained bit-identically
     el = out["elastic"]
     assert el["hash_checks"] > 0 and el["hash_mismatches"] == 0 and el["join_latency_s"] > 0
@@ -42,3 +49,22 @@ def test_the_script_asks_for_a_gpu_it_does_not_have():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode != 0 and "torch sees no CUDA device" in r.stderr
+
+
+def test_a_part_that_fails_is_reported_and_the_others_still_run(monkeypatch):
+    """One device session answers every part: a failing part's error is in the JSON,
+    the rest still ran, and the command exits 1."""
+    from libra.cli import bench
+
+    def broken(args):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(gpu_check, "_elastic", broken)
+    p = argparse.ArgumentParser()
+    gpu_check.add_arguments(p)
+    args = p.parse_args([*TINY, "--parts", "cpu_vs_device,elastic"])
+    out = gpu_check.run(args)
+    assert out["failed"] == ["elastic"] and "no such kernel" in out["elastic"]["error"][-1]
+    assert out["cpu_vs_device"]["loss_rel_diff"] == 0.0 and "train" not in out
+    args.json, args._bench = True, gpu_check
+    assert bench.run(args) == 1
