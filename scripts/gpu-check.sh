@@ -34,6 +34,7 @@ fi
 # The package as setup.py lays it out (libra.envs, libra.tools and libra.sandboxes live
 # in top-level folders): a tree of links, so that the source runs without an install.
 tree=$(mktemp -d /tmp/libra-tree.XXXXXX)
+trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/libra"
 for f in "$PWD"/libra/*; do ln -s "$f" "$tree/libra/"; done
 for sub in envs tools sandboxes; do ln -s "$PWD/$sub" "$tree/libra/$sub"; done

@@ -74,19 +74,28 @@ def _model(folder: Path, args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from libra.cli.common import progress
     from libra.errors import ConfigError
-    from libra.trainer.config import TrainerConfig
-    from libra.trainer.rendezvous import host_store
-    from libra.trainer.scenario import MemberPlan, run_scenario
 
     if args.global_samples < args.core + 1:
         raise ConfigError(
             f"--global-samples {args.global_samples} cannot give each of {args.core + 1} "
             "replicas a sample; raise it"
         )
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="libra-bench-elastic-"))
-    root.mkdir(parents=True, exist_ok=True)
+    if args.keep:
+        root = Path(args.keep)
+        root.mkdir(parents=True, exist_ok=True)
+        return _run_in(args, root)
+    with tempfile.TemporaryDirectory(prefix="libra-bench-elastic-") as tmp:
+        return _run_in(args, Path(tmp))
+
+
+def _run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The scenario with its model and member logs under `root`."""
+    from libra.cli.common import progress
+    from libra.trainer.config import TrainerConfig
+    from libra.trainer.rendezvous import host_store
+    from libra.trainer.scenario import MemberPlan, run_scenario
+
     progress("writing the model ...")
     model = _model(root / "model", args)
     cfg = TrainerConfig(

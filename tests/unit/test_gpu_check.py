@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 
 from libra.bench import gpu_check
 from tests.conftest import ROOT
@@ -18,10 +19,13 @@ TINY = ["--device", "cpu", "--steps", "2", "--tokens", "600", "--min-len", "16",
         "--kv-heads", "2", "--head-dim", "16"]  # fmt: skip
 
 
-def test_gpu_check_runs_the_trainer_end_to_end_on_cpu(tmp_path):
+def test_gpu_check_runs_the_trainer_end_to_end_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     p = argparse.ArgumentParser()
     gpu_check.add_arguments(p)
     out = gpu_check.run(p.parse_args(TINY))
+    # its models, checkpoints and logs are removed (torch may leave its own caches)
+    assert [f.name for f in tmp_path.iterdir() if f.name.startswith("libra-")] == []
     train = out["train"]
     assert train["packing"] and len(train["steps"]) == 2
     for s in train["steps"]:
