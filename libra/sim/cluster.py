@@ -150,9 +150,18 @@ class Simulation:
                 self._wake_at = self.trainer.stall_until
                 self.loop.at(self._wake_at, self._maybe_train)
             return
+        stats = self.env.stats(s)
+        if not self.trainer.fits(stats, self.layout.train.gpus):
+            # The batch fits no configuration on the training GPUs (a system that moved
+            # GPUs to rollout before the lengths grew): the controller gives training
+            # GPUs back, as an operator would after the out-of-memory error.
+            self.controller.grow_training(s, stats)
+            if self.trainer.stall_until > now:
+                self._maybe_train()  # waits for the restart
+                return
         if self.pool is not None:
             self.pool.on_train_start(now)
-        dur, gpus = self.trainer.step(self.env.stats(s), now)
+        dur, gpus = self.trainer.step(stats, now)
         self.training = True
         self.train_until = now + dur
         self.t_start[s], self.train_gpus[s] = now, gpus

@@ -77,6 +77,45 @@ class Fixed:
     def on_step_end(self, step: int) -> None:
         return None
 
+    def grow_training(self, step: int, stats: Any) -> None:
+        """Batch `step` fits no training configuration on the layout's training GPUs:
+        move rollout GPUs to training a node's worth at a time (instances of the smallest
+        TP size first, one instance always kept) until the best configuration on them
+        fits, and apply that layout now. Raises `ConfigError` when none does."""
+        sim, env = self.sim, self.sim.env
+        layout = sim.layout
+        mix = {tp: n for tp, n in layout.mix.items() if n}
+        node = env.hw.devices_per_node
+        train = layout.train.gpus
+        while not layout.shared and sum(mix.values()) > 1:
+            freed = 0
+            for tp in sorted(mix):
+                while mix[tp] and freed < node and sum(mix.values()) > 1:
+                    mix[tp] -= 1
+                    freed += tp
+            mix = {tp: n for tp, n in mix.items() if n}
+            train += freed
+            try:
+                config = env.best_train(stats, train)
+            except ConfigError:
+                continue
+            new = Layout(config, mix, layout.bounds, shared=layout.shared)
+            if layout.plan is not None:  # a replanner times its layouts through a plan
+                new = env.with_plan(new, stats)
+            sim.decisions.append({
+                "step": step, "t": sim.loop.now, "apply": True, "trigger": "misfit",
+                "train_gpus_before": layout.train.gpus, "train_gpus": train,
+                "candidate": new.describe(),
+                "reason": f"batch {step} fits no training configuration on "
+                          f"{layout.train.gpus} GPUs: {train} from rollout",
+            })  # fmt: skip
+            sim.apply(new)
+            return
+        raise ConfigError(
+            f"{env.model.id}: no training configuration fits batch {step} of this workload "
+            f"on {env.cfg.gpus} x {env.hw.id} ({self.spec.name})"
+        )
+
     def measured(self, step: int) -> tuple[float, float]:
         """(rollout makespan, training time) of `step`."""
         sim = self.sim

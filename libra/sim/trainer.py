@@ -81,6 +81,19 @@ class Trainer:
             self.model, self.hw, dataclasses.replace(cfg, dp=dp), wl, self.settings
         ).total_s
 
+    def fits(self, stats: WorkloadStats, gpus: int) -> bool:
+        """Whether some training configuration on at most `gpus` (the layout's training
+        GPUs) runs `stats` (`step` restarts on it when its own no longer does)."""
+        wl = TrainWorkload.from_stats(stats)
+        if math.isfinite(train_step_time(self.model, self.hw, self.config, wl,
+                                         self.settings).total_s):  # fmt: skip
+            return True
+        settings = PlannerSettings(train=self.settings)
+        return any(
+            best_train(self.model, self.hw, stats, g, settings) is not None
+            for g in range(gpus, 0, -1)
+        )
+
     def step(self, stats: WorkloadStats, now: float) -> tuple[float, int]:
         """(duration, GPUs) of a training step on `stats` starting at `now`."""
         wl = TrainWorkload.from_stats(stats)

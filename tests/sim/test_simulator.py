@@ -289,3 +289,22 @@ def test_spill_dispatch_uses_idle_larger_buckets():
         used[dispatch] = first
     assert used == {"spill": {1, 4}, "exact": {1}}
     assert rollout["spill"] < rollout["exact"]
+
+
+def test_a_batch_that_outgrows_the_training_gpus_takes_gpus_back_from_rollout():
+    """The greedy heuristic gives rollout a node at a time while rollout is the slower
+    side; on a workload whose lengths grow (search-r1-causal) a later batch fits no
+    training configuration on what it kept (qwen3-30b-a3b, 8 A800s). That stopped the
+    whole `libra simulate`; now training takes GPUs back from rollout a node at a time,
+    as an operator would after the out-of-memory error, and the run finishes."""
+    cfg = SimConfig(workload="search-r1-causal", gpus=80, model="qwen3-30b-a3b",
+                    hardware="a800-80g", steps=10, seed=31)  # fmt: skip
+    env = build_env(cfg)
+    sim = Simulation(SYSTEMS["verl-greedy-heuristic"], env)
+    sim.run()
+    assert sim.trained == cfg.steps and all(math.isfinite(t) for t in sim.t_end)
+    misfits = [d for d in sim.decisions if d.get("trigger") == "misfit"]
+    assert misfits, "the case this test is about no longer arises"
+    for d in misfits:
+        assert d["train_gpus"] > d["train_gpus_before"]
+        assert env.best_train(env.stats(d["step"]), d["train_gpus"]).gpus <= d["train_gpus"]
