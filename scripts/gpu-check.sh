@@ -9,6 +9,7 @@
 #   scripts/gpu-check.sh wheels     # here (with pip and network): fetch the cp312 wheels
 #                                   # the GPU machine lacks into .whl/ (git-ignored)
 #   scripts/gpu-check.sh [ARGS...]  # there: install .whl/ if present, run from the tree
+#   scripts/gpu-check.sh --profile --steps 3   # there: where a step's time goes
 #
 # The GPU machine has Python 3.12 and its own torch + CUDA, no network, and cannot take
 # this project's torch pin, so nothing is pip-installed from the project: the source

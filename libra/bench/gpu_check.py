@@ -53,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trainer.activation_checkpointing")  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="the device's dense bf16 peak (H100/H200 SXM: 989)")  # fmt: skip
+    p.add_argument("--profile", action="store_true",
+                   help="instead of the parts: --steps timed steps packed and padded on one "
+                        "batch, then torch.profiler over one more packed step (its tables on "
+                        "stderr)")  # fmt: skip
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"which parts run, comma-separated (of {','.join(PARTS)})")  # fmt: skip
     p.add_argument("--elastic-cycles", type=int, default=1,
@@ -70,6 +74,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     parts = set(args.parts.split(","))
     if not parts <= set(PARTS):
         raise SystemExit(f"--parts: {sorted(parts - set(PARTS))} unknown (of {', '.join(PARTS)})")
+    if args.profile:
+        return _profile(args, device)
     with tempfile.TemporaryDirectory(prefix="libra-gpu-check-") as tmp:
         root = Path(tmp)
         shape = _shape(args)
@@ -268,6 +274,53 @@ def _train(args: argparse.Namespace, device: Any, folder: Path) -> dict[str, Any
             "bytes": sum(f.stat().st_size for f in ckpt.iterdir()),
         },
     }
+
+
+def _profile(args: argparse.Namespace, device: Any) -> dict[str, Any]:
+    """Where a step's time goes: `--steps` timed steps on one batch, packed then padded
+    (a fresh replica each), then `torch.profiler` over one more packed step; its tables
+    (by device time, by host time) go to stderr."""
+    import sys
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from libra.trainer.replica import Replica
+
+    cuda = device.type == "cuda"
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if cuda else "cpu"}
+    with tempfile.TemporaryDirectory(prefix="libra-gpu-check-") as tmp:
+        folder = _model(Path(tmp) / "model", _shape(args))
+        samples = _samples(args.tokens, args.min_len, args.max_len, args.vocab, seed=1)
+        out["tokens"] = sum(s.length for s in samples)
+        for packing in (True, False):
+            args.no_packing = not packing
+            replica = Replica(_trainer_cfg(folder, args, "bfloat16"), device=device)
+            flat = torch.zeros(replica.grad_numel, pin_memory=cuda)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            steps = [_step(replica, samples, flat) for _ in range(args.steps)]
+            out["packed" if packing else "padded"] = {
+                "step_s": [round(x["compute_s"] + x["exchange_s"] + x["apply_s"], 3)
+                           for x in steps],
+                "peak_memory_gib": (
+                    round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
+                ),
+            }  # fmt: skip
+            if packing:
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+                with profile(activities=acts) as prof:
+                    _step(replica, samples, flat)
+                table = prof.key_averages()
+                key = "cuda_time_total" if cuda else "cpu_time_total"
+                print(table.table(sort_by=key, row_limit=20, max_name_column_width=60),
+                      file=sys.stderr)  # fmt: skip
+                print(table.table(sort_by="self_cpu_time_total", row_limit=12,
+                                  max_name_column_width=60), file=sys.stderr)  # fmt: skip
+            del replica
+            if cuda:
+                torch.cuda.empty_cache()
+    return out
 
 
 def _compare(device: Any, folder: Path) -> dict[str, Any]:

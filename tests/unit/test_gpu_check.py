@@ -72,3 +72,13 @@ def test_a_part_that_fails_is_reported_and_the_others_still_run(monkeypatch):
     assert out["cpu_vs_device"]["loss_rel_diff"] == 0.0 and "train" not in out
     args.json, args._bench = True, gpu_check
     assert bench.run(args) == 1
+
+
+def test_profile_times_both_layouts_and_prints_where_a_step_goes(capsys):
+    p = argparse.ArgumentParser()
+    gpu_check.add_arguments(p)
+    out = gpu_check.run(p.parse_args([*TINY, "--profile"]))
+    assert len(out["packed"]["step_s"]) == 2 and len(out["padded"]["step_s"]) == 2
+    assert out["tokens"] >= 600
+    err = capsys.readouterr().err
+    assert "Self CPU" in err and "aten::" in err  # the profiler's tables
