@@ -294,8 +294,8 @@ def _profile(args: argparse.Namespace, device: Any) -> dict[str, Any]:
         samples = _samples(args.tokens, args.min_len, args.max_len, args.vocab, seed=1)
         out["tokens"] = sum(s.length for s in samples)
         for packing in (True, False):
-            args.no_packing = not packing
-            replica = Replica(_trainer_cfg(folder, args, "bfloat16"), device=device)
+            layout = argparse.Namespace(**{**vars(args), "no_packing": not packing})
+            replica = Replica(_trainer_cfg(folder, layout, "bfloat16"), device=device)
             flat = torch.zeros(replica.grad_numel, pin_memory=cuda)
             if cuda:
                 torch.cuda.reset_peak_memory_stats()

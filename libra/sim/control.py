@@ -99,7 +99,7 @@ class Fixed:
                 config = env.best_train(stats, train)
             except ConfigError:
                 continue
-            new = Layout(config, mix, layout.bounds, shared=layout.shared)
+            new = Layout(config, mix, layout.bounds)  # a time-shared layout never gets here
             if layout.plan is not None:  # a replanner times its layouts through a plan
                 new = env.with_plan(new, stats)
             sim.decisions.append({

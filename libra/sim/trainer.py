@@ -88,11 +88,17 @@ class Trainer:
         if math.isfinite(train_step_time(self.model, self.hw, self.config, wl,
                                          self.settings).total_s):  # fmt: skip
             return True
+        return self._fitting(stats, gpus) is not None
+
+    def _fitting(self, stats: WorkloadStats, gpus: int) -> TrainConfig | None:
+        """The best configuration that runs `stats` on the most GPUs, at most `gpus`,
+        that has one; None if no count does."""
         settings = PlannerSettings(train=self.settings)
-        return any(
-            best_train(self.model, self.hw, stats, g, settings) is not None
-            for g in range(gpus, 0, -1)
-        )
+        for g in range(gpus, 0, -1):
+            best = best_train(self.model, self.hw, stats, g, settings)
+            if best is not None:
+                return best.config
+        return None
 
     def step(self, stats: WorkloadStats, now: float) -> tuple[float, int]:
         """(duration, GPUs) of a training step on `stats` starting at `now`."""
@@ -106,17 +112,13 @@ class Trainer:
             # The batch outgrew the configuration (e.g. a sequence longer than its
             # micro-batch budget): the trainer restarts on the best fitting one.
             # On a GPU count where nothing fits any more, it uses fewer GPUs.
-            settings = PlannerSettings(train=self.settings)
-            for gpus in range(cfg.gpus, 0, -1):
-                best = best_train(self.model, self.hw, stats, gpus, settings)
-                if best is not None:
-                    break
-            else:
+            best = self._fitting(stats, cfg.gpus)
+            if best is None:
                 raise ConfigError(
                     f"{self.model.id}: no training configuration fits a batch of this "
                     f"workload on {cfg.gpus} x {self.hw.id}"
                 )
-            stall = self.change(best.config, now)
+            stall = self.change(best, now)
             return self.step(stats, now + stall)[0] + stall, cfg.gpus + extra * self.replica_gpus
         return cost.total_s, cfg.gpus + extra * self.replica_gpus
 
