@@ -10,7 +10,12 @@ applied only when
    band: a plan must be clearly better, so two near-equal plans never alternate),
 2. the predicted gain over the remaining steps exceeds the modelled reconfiguration cost
    by `gain_cost_ratio`, and
-3. at least `cooldown_steps` have passed since the last applied change.
+3. at least `cooldown_steps` have passed since the last applied change, and
+4. with more than one step left, the candidate is faster per step (its `t_iter`): a
+   candidate that gains only at the run's end (a pipelined plan's last training, which a
+   time-shared one does not pay after the loop) gains that as well by a move at the last
+   step, and every step before it would run slower. `should_replan` asks for that last
+   decision (`end`) when nothing else does.
 
 A move back to the plan the last change left (`revert=True`, both timed from what they
 measured) skips the band: that change was made on a prediction and measured no gain.
@@ -140,8 +145,10 @@ class ReplanPolicy:
         self.last_replan_step: int | None = None
         self.last_change_step: int | None = None
 
-    def should_replan(self, signals: Signals) -> str | None:
-        """Why to plan anew at this step (`periodic`, `imbalance`, `queue-pressure`), or None."""
+    def should_replan(self, signals: Signals, remaining_steps: int | None = None) -> str | None:
+        """Why to plan anew at this step (`periodic`, `imbalance`, `queue-pressure`, or `end`
+        with one step left to run in a new plan: the last moment a move that gains only at
+        the run's end is worth deciding), or None."""
         c = self.config
         reason = None
         if signals.decode_slots > 0 and (
@@ -156,6 +163,8 @@ class ReplanPolicy:
             self.last_replan_step is None or signals.step - self.last_replan_step >= c.every_steps
         ):
             reason = "periodic"
+        if reason is None and remaining_steps == 1:
+            reason = "end"
         if reason is not None:
             self.last_replan_step = signals.step
         return reason
@@ -210,6 +219,14 @@ class ReplanPolicy:
             return verdict(True, "applied: the current plan cannot run this workload")
         if per_step <= 0 or math.isnan(per_step):
             return verdict(False, "kept: candidate is not faster")
+        if n > 1 and not cur > cand:
+            # gain(n) = n x (cur - cand) + what the end adds: with cur <= cand it is largest
+            # for the fewest steps, so moving now loses to moving at the last step.
+            return verdict(
+                False,
+                f"kept: the candidate is not faster per step ({cand:.3g} s vs {cur:.3g} s); "
+                f"it gains only at the run's end, which a move at the last step gains too",
+            )
         if per_step < (0.0 if revert else c.min_gain_fraction) * base:
             return verdict(
                 False,

@@ -278,7 +278,10 @@ class Replanner(Fixed):
             self.calib.add(k, step_scale)
             self.layouts[k] = sim.layout
             self.latest[len(sim.layout.mix) > 1] = k
-        why = self.policy.should_replan(signals)
+        # Only batches not yet released run in a new layout (with staleness, the next
+        # one is already rolling out in this one).
+        remaining = sim.steps - sim.next_batch
+        why = self.policy.should_replan(signals, remaining)
         if why is None and self.unchecked and settled:
             why = "check"  # the change has run a step wholly: was it worth it?
         if step < self.piloted:
@@ -287,9 +290,6 @@ class Replanner(Fixed):
             # evidence of several batches with that of one (measured: moves made on a
             # first batch unlike the next ones lost 4-8% to the layout left).
             return
-        # Only batches not yet released run in a new layout (with staleness, the next
-        # one is already rolling out in this one).
-        remaining = sim.steps - sim.next_batch
         if why is None or remaining <= 0:
             return
         self.unchecked = self.unchecked and not settled

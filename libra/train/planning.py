@@ -303,7 +303,7 @@ class Replanner:
     def consider(
         self, signals: Signals, work: Workload, remaining_steps: int, costs: SwitchCosts
     ) -> tuple[Decision, Assignment] | None:
-        trigger = self.policy.should_replan(signals)
+        trigger = self.policy.should_replan(signals, remaining_steps)
         if trigger is None:
             return None
         _, _, modelled = self.best(work)

@@ -61,6 +61,35 @@ def test_cooldown_after_a_change():
     assert policy.decide(Timed(50.0), Timed(20.0), 100, reconfig=1.0, step=13).apply
 
 
+def test_a_move_that_gains_only_at_the_end_waits_for_the_last_step():
+    """A pipelined plan pays its last batch's training after the loop; a time-shared
+    candidate slower per step saves that. Moving early would run every step before the
+    end slower for the same saving, so the move is decided at the last step only."""
+    from libra.planner.measured import Timed as Calibrated
+
+    policy = ReplanPolicy(ReplanConfig(min_gain_fraction=0.0, cooldown_steps=0))
+    current = Calibrated(t_train=78.0, t_rollout=180.0)  # overlapped: 180 s a step
+    shared = Calibrated(t_train=25.0, t_rollout=160.0, sync=True)  # 185 s a step
+    # Over 5 steps: 5 x 180 + 78 = 978 s against 5 x 185 + 25 (the drain) = 950 s.
+    early = policy.decide(current, shared, 5, reconfig=10.0, step=3)
+    assert early.predicted_gain_s == pytest.approx(28.0) and not early.apply
+    assert "only at the run's end" in early.reason
+    # At the last step it gains 180 + 78 - 185 - 25 = 48 s: the move is made then.
+    last = policy.decide(current, shared, 1, reconfig=10.0, step=7)
+    assert last.apply and last.predicted_gain_s == pytest.approx(48.0)
+    # A candidate faster per step still moves at once.
+    faster = Calibrated(t_train=25.0, t_rollout=140.0, sync=True)
+    assert policy.decide(current, faster, 5, reconfig=10.0, step=9).apply
+
+
+def test_the_last_step_asks_for_a_decision():
+    p = ReplanPolicy(ReplanConfig(every_steps=100))
+    assert p.should_replan(Signals(step=0, rollout_s=10, train_s=10), 9) == "periodic"
+    assert p.should_replan(Signals(step=1, rollout_s=10, train_s=10), 8) is None
+    assert p.should_replan(Signals(step=8, rollout_s=10, train_s=10), 1) == "end"
+    assert p.should_replan(Signals(step=9, rollout_s=10, train_s=10), 0) is None
+
+
 def test_every_decision_is_a_loggable_dict():
     d = ReplanPolicy().decide(
         Timed(100.0), Timed(99.0), 5, reconfig=ReconfigCost(total_s=7.0), step=4, trigger="periodic"
