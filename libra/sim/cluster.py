@@ -77,6 +77,9 @@ class Simulation:
         self.released, self.done = [nan] * self.steps, [nan] * self.steps
         self.t_start, self.t_end = [nan] * self.steps, [nan] * self.steps
         self.train_gpus = [0] * self.steps
+        self.stalled_by = [0.0] * self.steps
+        """Seconds of trainer restarts when each step ended (a restart in step s: a
+        change made at the end of step s - 1 or as s began to train)."""
         self.remaining = [len(env.workload.batch(s)) for s in range(self.steps)]
         self.pending: dict[int, list[Any]] = defaultdict(list)
         self.version = self.trained = self.next_batch = 0
@@ -173,6 +176,7 @@ class Simulation:
         self.training = False
         self.trained = s + 1
         self.t_end[s] = now
+        self.stalled_by[s] = self.trainer.stall_s
         if self.trained < self.steps:
             self.controller.on_step_end(s)
             if self.pool is not None:

@@ -120,9 +120,14 @@ def pilot(
     oracle_start: OracleStart = "episode", bound: float = math.inf,
 ) -> float:  # fmt: skip
     """The run's time on `layout`, fixed, as its pilot predicts it: the first
-    `pilot_steps` batches simulated, the first step as it took (the pipeline filling up),
+    `pilot_steps` batches simulated as they took (the first one filling the pipeline),
     every later step of the run at the pilot's mean iteration after the first (the
-    steady state). `inf` as soon as the prediction is sure to exceed `bound`. `oracle`:
+    steady state). In an alternating (time-shared) layout a trainer restart in the pilot
+    (a batch that outgrew the training configuration: checkpoint, reshard, start)
+    delays its iteration by the whole stall, which is paid once, not every step: it is
+    taken out of that iteration before the mean. (A pipelined layout's next iteration
+    catches up what the stall delayed while rollout went on, so its mean is left as
+    measured.) `inf` as soon as the prediction is sure to exceed `bound`. `oracle`:
     routed by the oracle from tool return `oracle_from`, knowing `oracle_start` before
     the first turn (`SystemSpec.oracle_from`, `oracle_start`)."""
     from libra.sim.cluster import Simulation
@@ -130,20 +135,26 @@ def pilot(
     spec = _pilot_spec("oracle" if oracle else "static", oracle_from, oracle_start)
     sim = Simulation(spec, env, layout)
     k = sim.steps = pilot_steps(env)
-    n, t_end = env.cfg.steps, sim.t_end
+    n, t_end, stalled = env.cfg.steps, sim.t_end, sim.stalled_by
+    # The prediction is at least what the iterations so far give (later ones add to it),
+    # unless a restart's stall is to be taken out: such a pilot runs to its end.
+    exact = not sim.sync or all(sim.trainer.runs(env.stats(s)) for s in range(k))
 
     def give_up() -> bool:
         now = sim.loop.now
         if not sim.trained:
             return now > bound  # the prediction is at least the first step's end
-        return k > 1 and t_end[0] + (n - 1) * (now - t_end[0]) / (k - 1) > bound
+        return exact and k > 1 and t_end[0] + (n - 1) * (now - t_end[0]) / (k - 1) > bound
 
     sim.run(give_up=give_up)
     if sim.trained < k:
         return math.inf
     if k == 1:
         return n * t_end[0]
-    return t_end[0] + (n - 1) * (t_end[k - 1] - t_end[0]) / (k - 1)
+    once = stalled[k - 1] - stalled[0] if sim.sync else 0.0
+    if not once:
+        return t_end[0] + (n - 1) * (t_end[k - 1] - t_end[0]) / (k - 1)
+    return t_end[k - 1] + (n - k) * (t_end[k - 1] - t_end[0] - once) / (k - 1)
 
 
 def replay(

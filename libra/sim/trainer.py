@@ -54,6 +54,8 @@ class Trainer:
         self.busy_gpu_s = 0.0
         self.stall_gpu_s = 0.0
         self.restarts = 0
+        self.stall_s = 0.0
+        """Seconds of restarts so far (checkpoint, reshard, start)."""
         self.running_gpus = 0
 
     @property
@@ -81,14 +83,16 @@ class Trainer:
             self.model, self.hw, dataclasses.replace(cfg, dp=dp), wl, self.settings
         ).total_s
 
+    def runs(self, stats: WorkloadStats) -> bool:
+        """Whether the present configuration trains `stats` without a restart."""
+        wl = TrainWorkload.from_stats(stats)
+        return math.isfinite(train_step_time(self.model, self.hw, self.config, wl,
+                                             self.settings).total_s)  # fmt: skip
+
     def fits(self, stats: WorkloadStats, gpus: int) -> bool:
         """Whether some training configuration on at most `gpus` (the layout's training
         GPUs) runs `stats` (`step` restarts on it when its own no longer does)."""
-        wl = TrainWorkload.from_stats(stats)
-        if math.isfinite(train_step_time(self.model, self.hw, self.config, wl,
-                                         self.settings).total_s):  # fmt: skip
-            return True
-        return self._fitting(stats, gpus) is not None
+        return self.runs(stats) or self._fitting(stats, gpus) is not None
 
     def _fitting(self, stats: WorkloadStats, gpus: int) -> TrainConfig | None:
         """The best configuration that runs `stats` on the most GPUs, at most `gpus`,
@@ -137,6 +141,7 @@ class Trainer:
         stall = 2 * state / (new.gpus * self.net_bw) + self.restart_s
         self.stall_until = max(self.stall_until, now) + stall
         self.stall_gpu_s += stall * max(old.gpus, new.gpus)
+        self.stall_s += stall
         self.restarts += 1
         return stall
 

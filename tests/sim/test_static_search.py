@@ -103,3 +103,26 @@ def test_headroom_is_libras_share_between_best_baseline_and_ceiling():
     rows[-1]["throughput"] = 90.0  # the ceiling below the bar: nothing to capture
     assert headroom(rows)["captured"] is None  # type: ignore[index]
     assert headroom(rows[:2]) is None
+
+
+def test_a_restart_in_the_pilot_is_counted_once_not_every_step():
+    """A batch that outgrows the training configuration restarts the trainer: in a
+    time-shared layout a stall of the whole iteration, paid once. The pilot predicted
+    every later step at its mean iteration, the restart included, so the layout looked
+    slower than it ran (on this cell Libra, which starts on the fastest pilot of both
+    kinds, started on a split and ended 5% behind this layout)."""
+    cfg = SimConfig(workload="search-r1-causal", gpus=24, model="qwen3-30b-a3b",
+                    hardware="a800-80g", steps=10, seed=19, staleness=2)  # fmt: skip
+    env = build_env(cfg)
+    layout = search.colocated_candidates(env, tp=8)[0]
+    predicted = search.pilot(env, layout)
+    run = Simulation(SYSTEMS["best-static-colocated"], env, layout)
+    run.run()
+    k = search.pilot_steps(env)
+    assert run.trainer.restarts and run.stalled_by[k - 1] > run.stalled_by[0], (
+        "the case this test is about no longer arises"
+    )
+    t = run.t_end
+    restart_every_step = t[0] + (cfg.steps - 1) * (t[k - 1] - t[0]) / (k - 1)
+    assert abs(predicted - t[-1]) < abs(restart_every_step - t[-1])
+    assert predicted < restart_every_step
