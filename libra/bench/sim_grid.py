@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _job(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
     from libra.sim.config import SimConfig
-    from libra.sim.runner import simulate
+    from libra.sim.runner import ran, simulate
     from libra.sim.systems import resolve
 
     fields, systems = job
@@ -57,7 +57,9 @@ def _job(job: tuple[dict[str, Any], str]) -> dict[str, Any]:
     fm = libra.get("forward_model") if libra else None
     return {
         **fields,
-        "throughput": {r["system"]: r["throughput"] for r in out["systems"]},
+        "throughput": {r["system"]: r["throughput"] for r in ran(out["systems"])},
+        # systems that cannot run on this cluster: no bar in this cell (`run_system`)
+        "cannot_run": {r["system"]: r["error"] for r in out["systems"] if "error" in r},
         # Libra's predictions, each made before its layout ran, against the simulation
         "libra_forecast_errors": [x["rel_error"] for x in fm["scores"]] if fm else [],
         "cpu_s": time.process_time() - c0,
@@ -76,11 +78,16 @@ def cell_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One cell from its paired runs (one per seed)."""
     from libra.sim.systems import BASELINES
 
-    names = list(runs[0]["throughput"])
+    # a system that cannot run on the cell's cluster does so in every seed (the cluster,
+    # model and hardware are the cell's); the cell compares those that ran
+    names = [n for n in runs[0]["throughput"] if all(n in r["throughput"] for r in runs)]
     bases = [n for n in BASELINES if n in names]
     out: dict[str, Any] = {
         "throughput": {n: _spread([r["throughput"][n] for r in runs], 1) for n in names},
     }
+    cannot = {n: e for r in runs for n, e in r.get("cannot_run", {}).items()}
+    if cannot:
+        out["cannot_run"] = cannot
     errors = [e for r in runs for e in r.get("libra_forecast_errors", [])]
     if errors:
         out["libra_forecast"] = {"scored": len(errors), "median_rel_error": _median(errors)}
@@ -253,6 +260,8 @@ def render(doc: dict[str, Any]) -> str:
             + (f"{ce['mean']:>6.3f} [{ce['min']:.3f}, {ce['max']:.3f}] " if ce else " " * 21)
             + (f"{cap:>8.0%}" if cap is not None else f"{'-':>8}")
         )
+        if c.get("cannot_run"):
+            lines.append(f"    cannot run on this cluster: {', '.join(sorted(c['cannot_run']))}")
     s = doc["summary"]
     if "worst_cell" in s:
         w = s["worst_cell"]

@@ -101,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     from libra.config import build
     from libra.sim.config import SimConfig
-    from libra.sim.runner import keep_freed_memory, simulate
+    from libra.sim.runner import keep_freed_memory, ran, simulate
     from libra.sim.systems import resolve
 
     if args.gpus < 2:
@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     jobs = args.jobs or min(2, os.cpu_count() or 1)
     keep_freed_memory()  # this process only simulates
     result = simulate(cfg, systems, jobs=jobs, progress=progress)
+    if not ran(result["systems"]):
+        raise ConfigError("; ".join(f"{r['system']}: {r['error']}" for r in result["systems"]))
     if args.plot is not None:
         from libra.sim.plot import write_plots
 
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 def render(result: dict[str, Any]) -> str:
     c, w = result["config"], result["workload"]
     systems = result["systems"]
-    ref = next((r for r in systems if r["system"] == "libra"), None)
+    ref = next((r for r in systems if r["system"] == "libra" and "error" not in r), None)
     lines = [
         f"simulate: {w['name']} ({w['episodes_per_step']} episodes/step, p50 "
         f"{w['total_tokens_p50']:,} / max {w['total_tokens_max']:,} tokens), {c['model']} on "
@@ -152,6 +154,9 @@ def render(result: dict[str, Any]) -> str:
         f"   {'moves/ep':>8} {'migrated':>8}",
     ]
     for r in systems:
+        if "error" in r:
+            lines.append(f"  {r['system']:<22} cannot run: {r['error']}")
+            continue
         u = r["utilization"]
         moves = sum(r["routing"]["moves_per_episode"].values())
         ratio = f"{ref['throughput'] / r['throughput']:.2f}x" if ref else ""

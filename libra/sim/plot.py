@@ -38,7 +38,7 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     """The two figures of a `simulate` result; returns the files written."""
     plt = _pyplot()
     out.mkdir(parents=True, exist_ok=True)
-    systems = result["systems"]
+    systems = [r for r in result["systems"] if "error" not in r]  # those that ran
     title = (
         f"{result['workload']['name']}, {result['config']['model']} on "
         f"{result['config']['gpus']} x {result['config']['hardware']}"

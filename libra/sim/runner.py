@@ -56,14 +56,25 @@ def build_env(cfg: SimConfig) -> Env:
 
 
 def run_system(spec: SystemSpec, env: Env) -> dict[str, Any]:
-    """Simulate one system; its result with the CPU and wall time the simulation took."""
+    """Simulate one system; its result with the CPU and wall time the simulation took.
+    A system that cannot run on this cluster (its layout cannot train the model, or a
+    batch outgrows every training configuration it may use) gives `{"system", "summary",
+    "error"}`: the others still run, and one that cannot is no bar to compare with."""
     from libra.sim.cluster import Simulation
     from libra.sim.metrics import summarize
 
     c0, w0 = time.process_time(), time.perf_counter()
-    sim = Simulation(spec, env)
-    sim.run()
+    try:
+        sim = Simulation(spec, env)
+        sim.run()
+    except ConfigError as e:
+        return {"system": spec.name, "summary": spec.summary, "error": str(e)}
     return summarize(sim, time.process_time() - c0, time.perf_counter() - w0)
+
+
+def ran(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results of the systems that ran (not those that could not: `run_system`)."""
+    return [r for r in results if "error" not in r]
 
 
 def keep_freed_memory() -> None:
@@ -195,12 +206,15 @@ def simulate(
 def _search(env: Env, systems: Sequence[SystemSpec]) -> dict[str, Any]:
     """The static layouts the systems of `systems` take from pilot runs, found once."""
     for s in systems:  # the `@tpN` variants search among their TP size only
-        if s.split in ("searched", "colocated-searched"):
-            search.best_static(env, colocated=s.split != "searched", tp=s.rollout_tp)
-        if s.split == "ceiling":
-            search.best_static(env, colocated=False)
-            search.best_static(env, colocated=True)
-            search.ceiling(env)
+        try:
+            if s.split in ("searched", "colocated-searched"):
+                search.best_static(env, colocated=s.split != "searched", tp=s.rollout_tp)
+            if s.split == "ceiling":
+                search.best_static(env, colocated=False)
+                search.best_static(env, colocated=True)
+                search.ceiling(env)
+        except ConfigError:
+            continue  # no such layout serves this cluster: the system reports it
     return {kind: found.describe() for kind, found in env.searched.items()}
 
 
@@ -208,7 +222,7 @@ def headroom(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Libra against the best baseline and the ceiling (when the run has all three):
     `captured` = (libra - best baseline) / (ceiling - best baseline) in throughput, None
     when the ceiling is not above the best baseline (no headroom to capture)."""
-    by = {r["system"]: r["throughput"] for r in results}
+    by = {r["system"]: r["throughput"] for r in ran(results)}
     bases = {n: by[n] for n in BASELINES if n in by}
     if "libra" not in by or "ceiling" not in by or not bases:
         return None
@@ -223,10 +237,12 @@ def headroom(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"  {r['system']}: cannot run: {r['error']}"
     return (
         f"  {r['system']}: {r['throughput']:,.0f} token/s, {r['time_s']:,.0f} s "
         f"(simulated in {r['sim']['cpu_s']:.1f} s CPU)"
     )
 
 
-__all__ = ["build_env", "headroom", "keep_freed_memory", "run_system", "simulate"]
+__all__ = ["build_env", "headroom", "keep_freed_memory", "ran", "run_system", "simulate"]

@@ -46,3 +46,17 @@ def test_a_grid_of_libra_alone_still_scores_its_forward_model():
     assert "worst_cell" not in s and s["libra_forecasts_scored"] >= 1
     assert 0 <= s["libra_forecasts_within_10pct"] <= 1 and s["libra_forecasts_infinite"] >= 0
     assert "Libra's forward model: median" in render(doc)
+
+
+def test_a_baseline_that_cannot_run_on_the_cells_cluster_sets_no_bar():
+    """Qwen3-32B does not train on the 8 H100s an even split leaves it: the cell rates
+    Libra against the baselines that ran and says which could not."""
+    from libra.bench.sim_grid import render
+
+    doc = run_grid(["search-r1"], [16], [1], 1, 2, model="qwen3-32b", hardware="h100-80g",
+                   systems="verl-static-uniform,areal-static-optimal,libra")  # fmt: skip
+    (cell,) = doc["cells"]
+    assert set(cell["cannot_run"]) == {"verl-static-uniform"}
+    assert set(cell["libra_over"]) == {"areal-static-optimal"}
+    assert set(cell["throughput"]) == {"areal-static-optimal", "libra"}
+    assert "cannot run on this cluster: verl-static-uniform" in render(doc)

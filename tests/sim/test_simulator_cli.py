@@ -115,3 +115,28 @@ def test_routing_options_reach_every_systems_policy(capsys):
     assert doc["config"]["routing"]["objective"] == "accuracy"
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["config"]["routing"]["objective"] is None
+
+
+SHORT_OF_MEMORY = ["--workload", "search-r1", "--gpus", "16", "--model", "qwen3-32b",
+                   "--hardware", "h100-80g", "--steps", "2", "--prompts", "4",
+                   "--group", "8", "--jobs", "1"]  # fmt: skip
+"""Qwen3-32B's training state does not fit on the 8 H100s an even split leaves it."""
+
+
+def test_a_system_that_cannot_run_on_the_cluster_is_reported_and_the_others_run(capsys):
+    argv = ["simulate", *SHORT_OF_MEMORY, "--systems", "verl-colocated,verl-static-uniform,libra"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["system"]: r for r in doc["systems"]}
+    assert "does not fit on 8 x h100-80g" in by["verl-static-uniform"]["error"]
+    assert "throughput" not in by["verl-static-uniform"]
+    assert by["verl-colocated"]["throughput"] > 0 and by["libra"]["throughput"] > 0
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "verl-static-uniform    cannot run: qwen3-32b training does not fit" in table
+    # Nothing to report when no system asked for can run: exit 2 and one error line
+    # (after the progress lines).
+    assert main(["simulate", *SHORT_OF_MEMORY, "--systems", "verl-static-uniform"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("libra: error: verl-static-uniform: qwen3-32b training does not")
+    assert sum(line.startswith("libra: error") for line in err) == 1
