@@ -143,7 +143,7 @@ def test_replanning_goes_through_the_replan_policy(results):
         assert decisions, r["system"]
         assert min(d["step"] for d in decisions) == longer["config"]["pilot_steps"]
         for d in decisions:
-            assert d["trigger"] in ("periodic", "imbalance", "queue-pressure")
+            assert d["trigger"] in ("periodic", "imbalance", "queue-pressure", "end")
             assert d["reason"].startswith(("applied", "kept"))
     assert not results["areal-static-optimal"]["decisions"]
 

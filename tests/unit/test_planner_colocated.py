@@ -79,20 +79,23 @@ def test_a_colocated_plan_is_re_timed_as_one_and_moving_to_it_restarts_every_eng
 def test_moving_to_a_time_shared_plan_drains_the_pipeline_at_the_move():
     """A pipelined plan's `run_s` pays its last batch's training after everything rolled
     out; a move to an alternating plan pays, at the move, the training of the batch in
-    flight in the new plan (nothing beside it). Near the end an equal plan that trains
-    faster is worth the move for what it saves at the end, not for a whole end; over a
-    long run equal plans stay inside the band."""
+    flight in the new plan (nothing beside it). An equal plan that trains faster is
+    worth the move for what it saves at the end, not for a whole end, and only at the
+    last step: earlier, the same saving would come after as many equal steps."""
     overlapped = Timed(t_train=100.0, t_rollout=100.0)  # 100 s per step, + 100 s at the end
     shared = Timed(t_train=50.0, t_rollout=48.0, t_sync=2.0, sync=True)  # 100 s per step
     assert overlapped.t_iter == shared.t_iter == 100.0
     assert overlapped.run_s(3) == 400.0 and shared.run_s(3) == 300.0
     near_end = ReplanPolicy().decide(overlapped, shared, 3, reconfig=10.0)
-    assert near_end.apply and near_end.predicted_gain_s == pytest.approx(400.0 - 300.0 - 50.0)
+    assert not near_end.apply and "only at the run's end" in near_end.reason
+    assert near_end.predicted_gain_s == pytest.approx(400.0 - 300.0 - 50.0)
+    last = ReplanPolicy().decide(overlapped, shared, 1, reconfig=10.0)
+    assert last.apply and last.predicted_gain_s == pytest.approx(200.0 - 100.0 - 50.0)
     slow_trainer = Timed(t_train=90.0, t_rollout=8.0, t_sync=2.0, sync=True)  # 100 s too
-    d = ReplanPolicy().decide(overlapped, slow_trainer, 3, reconfig=10.0)
-    assert not d.apply and d.predicted_gain_s == pytest.approx(400.0 - 300.0 - 90.0)
+    d = ReplanPolicy().decide(overlapped, slow_trainer, 1, reconfig=10.0)
+    assert not d.apply and d.predicted_gain_s == pytest.approx(200.0 - 100.0 - 90.0)
     long_run = ReplanPolicy().decide(overlapped, shared, 1000, reconfig=10.0)
-    assert not long_run.apply and "hysteresis" in long_run.reason
+    assert not long_run.apply and "only at the run's end" in long_run.reason
     # And the other way: a time-shared plan is not left for one that only looks equal.
     assert not ReplanPolicy().decide(shared, overlapped, 3, reconfig=0.0).apply
 
