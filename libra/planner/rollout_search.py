@@ -198,8 +198,18 @@ class RolloutProblem:
         is the time of any plan known to fit the budget (it narrows the search)."""
         if gpus in self._cache:
             return self._cache[gpus]
-        hi = min(hint, self._upper(gpus))
-        if not math.isfinite(hi):
+        hi = self._upper(gpus)
+        if hint < hi and self.fits(hint, gpus):
+            # A hint is a plan's forward time; the inversion (`min_gpus`) can need one
+            # more instance at exactly that time (r2e-gym, Qwen3-30B-A3B, 40 A800s:
+            # 31 GPUs for a 30-GPU plan's 815.08 s), and a bisection started there ends
+            # on a plan over the budget. It narrows the search only when it fits.
+            hi = hint
+        for _ in range(64):  # the same rounding at the upper plan: by less than `rel`
+            if not math.isfinite(hi) or self.fits(hi, gpus):
+                break
+            hi *= 1.0 + 1e-6
+        if not math.isfinite(hi) or not self.fits(hi, gpus):
             self._cache[gpus] = INFEASIBLE
             return INFEASIBLE
         lo = hi / 2.0

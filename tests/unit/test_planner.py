@@ -218,3 +218,19 @@ def test_too_few_gpus():
     ):
         plan(load_model("qwen3-4b"), A800, STATS, 2)
     assert math.isfinite(plan(load_model("qwen3-4b"), A800, STATS, 3).t_iter)
+
+
+def test_a_hint_the_inversion_does_not_reproduce_cannot_overrun_the_budget():
+    """`solve(gpus, hint)` bisects down from the hint, a plan's forward time. On this
+    batch (r2e-gym, step 13 of seed 35) the inversion needs 31 GPUs at exactly the time
+    of a 30-GPU plan, and the search returned a plan over its budget ("plan overruns its
+    budget: 10 + 31 GPUs", the simulator stopped). The plan fits and is the optimum."""
+    from libra.sim.config import SimConfig
+    from libra.sim.runner import build_env
+
+    env = build_env(SimConfig(workload="r2e-gym", gpus=40, model="qwen3-30b-a3b",
+                              hardware="a800-80g", steps=14, seed=35))  # fmt: skip
+    stats = env.stats(13)
+    pruned = plan(env.model, env.hw, stats, 40, env.settings)
+    assert pruned.train.config.gpus + pruned.rollout.gpus <= 40
+    assert pruned.t_iter == plan(env.model, env.hw, stats, 40, env.settings, exhaustive=True).t_iter
