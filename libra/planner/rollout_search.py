@@ -205,11 +205,7 @@ class RolloutProblem:
             # 31 GPUs for a 30-GPU plan's 815.08 s), and a bisection started there ends
             # on a plan over the budget. It narrows the search only when it fits.
             hi = hint
-        for _ in range(64):  # the same rounding at the upper plan: by less than `rel`
-            if not math.isfinite(hi) or self.fits(hi, gpus):
-                break
-            hi *= 1.0 + 1e-6
-        if not math.isfinite(hi) or not self.fits(hi, gpus):
+        if not math.isfinite(hi):
             self._cache[gpus] = INFEASIBLE
             return INFEASIBLE
         lo = hi / 2.0
