@@ -9,13 +9,17 @@ context) sequences per step. Its time is the larger of
   its share of the segment's tokens (q/n of them), with steps = share of decode tokens / B;
 - the critical path: the longest episode's own decode steps, plus its tool time and its
   prefill. Its steps are timed at the batch it decodes in *on average*: the instance
-  decodes q x (mean generated tokens) tokens in all, so over the longest episode's G
-  steps the batch averages at most q x mean / G sequences (and at most B): the batch
-  drains as the shorter episodes finish and the tail decodes nearly alone. Charging the
-  tail a full batch's step time instead overestimates a wide, heavy-tailed segment
-  up to 2x (docs/simulation.md); the drain average is exact when every episode is
-  resident from the start and a lower bound otherwise, and the work bound covers the
-  rest.
+  that holds it decodes its G tokens and, for its q - 1 other episodes, (q - 1) x (mean
+  generated tokens), so over its G steps the batch averages 1 + (q - 1) x mean / G
+  sequences (and at most B): the batch drains as the shorter episodes finish and the
+  tail decodes nearly alone. Charging the tail a full batch's step time instead
+  overestimates a wide, heavy-tailed segment up to 2x (docs/simulation.md); counting
+  the instance's tokens as q x mean (the tail's own as a mean one) made the tail decode
+  alone however many episodes shared its instance, so the model ignored what more
+  instances buy the tail (docs/simulation.md, "The tail's batch"). The drain average is
+  exact when every episode is resident from the start and a lower bound otherwise, and
+  the work bound covers the rest. A fractional batch reads the experts of an MoE model
+  by interpolating between the whole batches around it.
 
 Both bounds grow with q, so for a target time tau the largest feasible q has a closed
 form (dense models) or a short integer bisection (MoE, whose expert reads grow with B);
@@ -97,9 +101,13 @@ class SegmentModel:
 
     # --- forward -------------------------------------------------------------------------
     def _wread(self, t: int, batch: np.ndarray | float) -> np.ndarray:
-        """Weights read per step at an integral batch (a table: MoE reads are a power)."""
+        """Weights read per step (a table of whole batches: MoE reads are a power; a
+        fractional batch, the critical path's average, interpolates between two)."""
         table = self._wread_table[t]
-        return table[np.minimum(np.asarray(batch).astype(np.int64), len(table) - 1)]
+        b = np.minimum(np.asarray(batch, dtype=float), len(table) - 1)
+        lo = np.floor(b).astype(np.int64)
+        hi = np.minimum(lo + 1, len(table) - 1)
+        return table[lo] + (b - lo) * (table[hi] - table[lo])
 
     def _step(self, t: int, batch: np.ndarray, ctx_res: np.ndarray) -> np.ndarray:
         """`InstanceCost.step_s` with the weights read from the table."""
@@ -127,14 +135,14 @@ class SegmentModel:
 
     def _crit(self, t: int, q: np.ndarray, idx: tuple[np.ndarray, ...]) -> np.ndarray:
         """Per member bin b: its longest episode's gen_max[b] steps at the drain-average
-        batch clip(q x mean generated / gen_max[b], 1, B), plus its tool and prefill time;
-        the segment's critical path is the longest of these lines."""
+        batch clip(1 + (q - 1) x mean generated / gen_max[b], 1, B), plus its tool and
+        prefill time; the segment's critical path is the longest of these lines."""
         bcap = np.maximum(np.minimum(q, self.bcap[t][idx]), 1.0)
         shape = (-1,) + (1,) * bcap.ndim
         gm = self.gen_max.reshape(shape)
         per_ep = self.gen[idx] / np.maximum(self.n[idx], 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            avg = np.where(gm > 0, q * per_ep / gm, 1.0)
+            avg = np.where(gm > 0, 1.0 + np.maximum(q - 1.0, 0.0) * per_ep / gm, 1.0)
         batch = np.clip(avg, 1.0, bcap[None])
         step = self._step(t, batch, np.broadcast_to(self.ctx_res[idx], bcap.shape)[None])
         lines = gm * step + self.other_max[t].reshape(shape)
@@ -257,8 +265,9 @@ class SegmentModel:
         pre |= {
             "p_gm": gm_p,
             "p_step_cap": pre["step_cap"][pj, pi],
-            # batch = q x mean / gen_max[b], but never above q (a bin whose longest
-            # episode is shorter than the segment's mean decodes in a batch of q)
+            # batch = 1 + (q - 1) x mean / gen_max[b], but never above q (a bin whose
+            # longest episode is shorter than the segment's mean decodes in a batch of q):
+            # batch <= a holds up to q = 1 + (a - 1) x p_scale
             "p_scale": np.maximum(gm_p / np.maximum(g[pj, pi], 1e-30), 1.0),
         }
         if ic.experts:
@@ -288,7 +297,8 @@ class SegmentModel:
 
         Bin b's line allows the step time lim_b = (tau - other_max[b]) / gen_max[b]; it
         does not bind when a full batch's step fits it, else the batch allowed a_b (>= 1,
-        or nothing fits) bounds the load at a_b x max(1, gen_max[b] / mean generated).
+        or nothing fits) bounds the load at 1 + (a_b - 1) x max(1, gen_max[b] / mean
+        generated).
         Evaluated on (bin, segment) pairs and reduced per segment."""
         ic, pre = self.types[t], self._pre(t)
         gm, om = self.gen_max, self.other_max[t]
@@ -301,10 +311,23 @@ class SegmentModel:
         if ic.experts:
             tab = pre["p_step_tab"]  # (pairs, batches): monotone in the batch
             ok = (tab < lim_p[:, None]) if strict else (tab <= lim_p[:, None])
-            a = ok.sum(axis=-1).astype(float)
-            # The forward step reads the weights of the floored batch, so the batch
-            # allowed lies in [a, a + 1): where a line binds, the forward function
-            # settles the load.
+            c = ok.sum(axis=-1)
+            # Between whole batches the forward step interpolates the expert reads, so
+            # the batch allowed lies in [c, c + 1): the chord through the two whole
+            # batches' steps puts it close (the step is convex between them, so the
+            # chord's answer is at or below the true one), and where a line binds the
+            # forward function settles the load.
+            rows = np.arange(len(c))
+            width = tab.shape[-1]
+            prev = tab[rows, np.clip(c - 1, 0, width - 1)]
+            nxt = tab[rows, np.clip(c, 0, width - 1)]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                frac = np.where(
+                    (c >= 1) & (c < width) & np.isfinite(nxt) & (nxt > prev),
+                    (lim_p - prev) / (nxt - prev),
+                    0.0,
+                )
+            a = c + np.clip(frac, 0.0, 1.0 - 1e-9)
             edge = ~free & (a >= 1.0)
         else:
             a = np.minimum(
@@ -313,7 +336,7 @@ class SegmentModel:
             # at a boundary: a full batch just fits, or a batch of one just does
             edge = (np.abs(at_cap - lim_p) <= 1e-9 * np.abs(at_cap)) | (np.abs(a - 1.0) <= 1e-7)
         with np.errstate(invalid="ignore", over="ignore"):
-            bound = np.where(a >= 1.0, a * pre["p_scale"], -_INF)
+            bound = np.where(a >= 1.0, 1.0 + (a - 1.0) * pre["p_scale"], -_INF)
         bound = np.where(free, np.where(lim_p >= 0, _INF, -_INF), bound)
         x = np.full(self.valid.shape, _INF)
         x[self._seg_j, self._seg_i] = np.minimum.reduceat(bound, self._starts)

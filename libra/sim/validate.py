@@ -29,16 +29,17 @@ def rollout_makespan(env: Env, layout: Layout, *, oracle: bool = False) -> float
     return sim.done[0] - sim.released[0]
 
 
-def compare(env: Env, mixes: list[dict[int, int]]) -> list[dict[str, Any]]:
+def compare(env: Env, mixes: list[dict[int, int]], train_gpus: int = 8) -> list[dict[str, Any]]:
     """Planner vs simulator for instance mixes on step 0's batch (mixes of several TP
-    sizes are routed by the oracle, as the planner assumes)."""
+    sizes are routed by the oracle, as the planner assumes). `train_gpus` only has to
+    hold the model's training: the one-batch makespan does not depend on it."""
     stats = env.stats(0)
     rows = []
     for mix in mixes:
         predicted = evaluate_rollout(env.model, env.hw, stats, mix, env.settings)
         bounds = {g.tp: g.max_tokens for g in predicted.groups}
         bounds[max(bounds)] = env.max_context
-        layout = Layout(env.best_train(stats, 8), mix, bounds)
+        layout = Layout(env.best_train(stats, train_gpus), mix, bounds)
         simulated = rollout_makespan(env, layout, oracle=len(mix) > 1)
         rows.append(
             {
