@@ -122,7 +122,12 @@ def pilot(
     """The run's time on `layout`, fixed, as its pilot predicts it: the first
     `pilot_steps` batches simulated as they took (the first one filling the pipeline),
     every later step of the run at the pilot's mean iteration after the first (the
-    steady state). In an alternating (time-shared) layout a trainer restart in the pilot
+    steady state). A pipelined layout's iteration is the slower of its two sides on
+    the same batch (`_period`): measured between training ends instead, the first and
+    the last pilot training's difference, a heavy batch's training against a light
+    one's while rollout set the pace, was counted in every step extrapolated
+    (docs/simulation.md, "Pilots that counted a training difference"). In an
+    alternating (time-shared) layout a trainer restart in the pilot
     (a batch that outgrew the training configuration: checkpoint, reshard, start)
     delays its iteration by the whole stall, which is paid once, not every step: it is
     taken out of that iteration before the mean. (A pipelined layout's next iteration
@@ -140,21 +145,42 @@ def pilot(
     # unless a restart's stall is to be taken out: such a pilot runs to its end.
     exact = not sim.sync or all(sim.trainer.runs(env.stats(s)) for s in range(k))
 
+    def pipelined(now: float) -> float:
+        return t_end[0] + (n - 1) * sum(_period(sim, s, now) for s in range(1, k)) / (k - 1)
+
     def give_up() -> bool:
         now = sim.loop.now
         if not sim.trained:
             return now > bound  # the prediction is at least the first step's end
-        return exact and k > 1 and t_end[0] + (n - 1) * (now - t_end[0]) / (k - 1) > bound
+        if not exact or k == 1:
+            return False
+        if not sim.sync:
+            return pipelined(now) > bound
+        return t_end[0] + (n - 1) * (now - t_end[0]) / (k - 1) > bound
 
     sim.run(give_up=give_up)
     if sim.trained < k:
         return math.inf
     if k == 1:
         return n * t_end[0]
-    once = stalled[k - 1] - stalled[0] if sim.sync else 0.0
+    if not sim.sync:
+        return pipelined(sim.loop.now)
+    once = stalled[k - 1] - stalled[0]
     if not once:
         return t_end[0] + (n - 1) * (t_end[k - 1] - t_end[0]) / (k - 1)
     return t_end[k - 1] + (n - k) * (t_end[k - 1] - t_end[0] - once) / (k - 1)
+
+
+def _period(sim: Any, s: int, now: float) -> float:
+    """Step `s`'s iteration in a pipelined run: the slower of its batch's rollout (from
+    when the fleet could start on it: its release, or the batch before it finishing)
+    and its training. At least that, from what is known at `now`, while the step runs."""
+    done, start, end = sim.done[s], sim.t_start[s], sim.t_end[s]
+    released, before = sim.released[s], sim.done[s - 1]
+    began = math.nan if math.isnan(released) or math.isnan(before) else max(released, before)
+    rollout = done - began if not math.isnan(done) else now - began
+    train = end - start if not math.isnan(end) else now - start
+    return max([0.0, *(x for x in (rollout, train) if not math.isnan(x))])
 
 
 def replay(

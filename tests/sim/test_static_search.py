@@ -126,3 +126,47 @@ def test_a_restart_in_the_pilot_is_counted_once_not_every_step():
     restart_every_step = t[0] + (cfg.steps - 1) * (t[k - 1] - t[0]) / (k - 1)
     assert abs(predicted - t[-1]) < abs(restart_every_step - t[-1])
     assert predicted < restart_every_step
+
+
+def test_a_pipelined_pilot_does_not_extrapolate_a_training_difference():
+    """search-r1-causal, Qwen3-14B on 64 H200s, seed 48: rollout sets the pace of the
+    split (16 training GPUs, 6 TP-8 instances), and batch 2's training took 73 s where
+    batch 0's took 50 s. Measured between training ends, the pilot counted that
+    difference in each of the nine steps it extrapolated and said 2,646 s for a run of
+    2,557 s, above the time-shared layout's 2,609 s (it ran 2,626 s): Libra started
+    time-shared and ended 0.974 x the split (docs/simulation.md, "Pilots that counted a
+    training difference"). Each step is now the slower of its batch's two sides."""
+    cfg = SimConfig(workload="search-r1-causal", gpus=64, model="qwen3-14b",
+                    hardware="h200-141g", steps=10, seed=48)  # fmt: skip
+    env = build_env(cfg)
+    ran, piloted = {}, {}
+    for colocated, system in ((False, "areal-static-optimal"), (True, "best-static-colocated")):
+        found = search.best_static(env, colocated=colocated)
+        run = Simulation(SYSTEMS[system], env, found.best)
+        run.run()
+        ran[colocated], piloted[colocated] = run.t_end[-1], found.pilot_s
+        if not colocated:
+            k, t = search.pilot_steps(env), run.t_end
+            between_ends = t[0] + (cfg.steps - 1) * (t[k - 1] - t[0]) / (k - 1)
+            assert abs(found.pilot_s - t[-1]) < abs(between_ends - t[-1])
+            assert found.pilot_s == pytest.approx(t[-1], rel=0.02)
+    assert (piloted[False] < piloted[True]) == (ran[False] < ran[True]), (piloted, ran)
+
+
+def test_a_pipelined_pilot_paced_by_training_counts_its_latest_trainings():
+    """dapo-math, 24 GPUs, 64 prompts, seed 1: training sets the pace of the split
+    (batches 0-2 trained in 714, 769 and 856 s, rolled out in 634-778 s) and each batch
+    is heavier than the one before. Timed between training *starts* (a first version of
+    the fix above), the pilot counted batches 0 and 1's trainings and said 0.92 x the
+    run; the slower side of batches 1 and 2 is within 3% of it (the run's later batches
+    are heavier still)."""
+    cfg = SimConfig(workload="dapo-math", gpus=24, prompts=64, steps=10, seed=1)
+    env = build_env(cfg)
+    found = search.best_static(env, colocated=False)
+    run = Simulation(SYSTEMS["areal-static-optimal"], env, found.best)
+    run.run()
+    k, t = search.pilot_steps(env), run.t_start
+    assert all(run.t_end[s] - t[s] > run.done[s] - run.released[s] for s in range(k)), (
+        "the case this test is about (training sets the pace) no longer arises"
+    )
+    assert found.pilot_s == pytest.approx(run.t_end[-1], rel=0.03)
