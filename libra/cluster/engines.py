@@ -19,6 +19,7 @@ same launchers inside actors on other nodes; its engines' process is a `RemotePr
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import sys
 import tempfile
@@ -252,7 +253,10 @@ class Launched:
     """`async with Launched(model_dir, counts) as urls:` -> {bucket: [url, ...]}: embedded
     engines for one job, all stopped when the block ends (also on errors and Ctrl-C).
     `launcher`: how they start (default: local `libra serve-engine` processes; a
-    `RayLauncher` places them on a Ray cluster's nodes, `libra.cluster.backend`)."""
+    `RayLauncher` places them on a Ray cluster's nodes, `libra.cluster.backend`).
+    Engine logs go to `log_dir`; without one, to a temporary folder that is removed when
+    the block ends cleanly and kept (errors name the log in it) when it raised or an
+    engine was replaced on the way."""
 
     def __init__(
         self,
@@ -270,6 +274,8 @@ class Launched:
             startup_timeout_s=startup_timeout_s, extra_args=list(extra_args or [])
         )
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="libra-engines-"))
+        self._scratch = not log_dir
+        """The log folder is ours, to remove after a clean run."""
         self.engines: dict[str, list[Engine]] = {}
 
     async def __aenter__(self) -> dict[str, list[str]]:
@@ -285,18 +291,22 @@ class Launched:
                 self.engines.setdefault(bucket, []).append(r)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
+            self._scratch = False  # the error names a log in it
             await self.stop()
             raise failed[0]
         return {b: [e.url for e in es] for b, es in self.engines.items()}
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: object, *_: object) -> None:
         await self.stop()
+        if self._scratch and exc_type is None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def forget(self, old: Engine) -> str:
         """Take `old` out of the job's engines (the caller stops it); returns its bucket,
         where `start_one` starts its successor."""
         bucket = next(b for b, es in self.engines.items() if old in es)
         self.engines[bucket].remove(old)
+        self._scratch = False  # why it went is in its log
         return bucket
 
     async def start_one(self, bucket: str, worker: str) -> Engine:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import time
 import urllib.request
@@ -142,3 +143,22 @@ async def test_a_replacement_waits_paused_for_weights_only_a_trainer_holds(
                 (again,) = pool.endpoints("tp1")
                 assert again.url not in (url, ep.url) and not again.admitting, lines
                 assert any("version 7 failed halfway; restarting it" in x for x in lines)
+
+
+async def test_engine_logs_are_kept_only_when_something_went_wrong(tiny_model: Path) -> None:
+    """Without a log folder a job's engines log to a temporary one: gone after a clean
+    run (a long-lived service starts many jobs), kept after one that raised, whose error
+    may name a log in it."""
+    launched = Launched(tiny_model, {"tp1": 1})
+    async with launched:
+        assert (launched.log_dir / "engine-tp1-0.log").is_file()
+    assert not launched.log_dir.exists()
+
+    launched = Launched(tiny_model, {"tp1": 1})
+    with pytest.raises(RuntimeError, match="the job failed"):
+        async with launched:
+            raise RuntimeError("the job failed")
+    try:
+        assert "serving" in (launched.log_dir / "engine-tp1-0.log").read_text()
+    finally:
+        shutil.rmtree(launched.log_dir, ignore_errors=True)
