@@ -80,6 +80,9 @@ class Simulation:
         self.stalled_by = [0.0] * self.steps
         """Seconds of trainer restarts when each step ended (a restart in step s: a
         change made at the end of step s - 1 or as s began to train)."""
+        self.restart_in = [0.0] * self.steps
+        """Seconds of each step's training spent restarting the trainer (a batch that
+        outgrew its configuration); a change the controller made waits before it."""
         self.remaining = [len(env.workload.batch(s)) for s in range(self.steps)]
         self.pending: dict[int, list[Any]] = defaultdict(list)
         self.version = self.trained = self.next_batch = 0
@@ -165,6 +168,7 @@ class Simulation:
         if self.pool is not None:
             self.pool.on_train_start(now)
         dur, gpus = self.trainer.step(stats, now)
+        self.restart_in[s] = max(0.0, self.trainer.stall_until - now)
         self.training = True
         self.train_until = now + dur
         self.t_start[s], self.train_gpus[s] = now, gpus
