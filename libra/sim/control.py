@@ -286,15 +286,17 @@ class Replanner(Fixed):
         # Only batches not yet released run in a new layout (with staleness, the next
         # one is already rolling out in this one).
         remaining = sim.steps - sim.next_batch
-        why = self.policy.should_replan(signals, remaining)
-        if why is None and self.unchecked and settled:
-            why = "check"  # the change has run a step wholly: was it worth it?
         if step < self.piloted:
             # The pilots that chose the start ran this batch and the next ones on every
             # start candidate: a decision on this batch alone would overrule the
             # evidence of several batches with that of one (measured: moves made on a
-            # first batch unlike the next ones lost 4-8% to the layout left).
+            # first batch unlike the next ones lost 4-8% to the layout left). Not asked
+            # either: a trigger asked here is spent (the periodic one, due at once,
+            # came back only `every_steps` later: never, in a 10-step run).
             return
+        why = self.policy.should_replan(signals, remaining)
+        if why is None and self.unchecked and settled:
+            why = "check"  # the change has run a step wholly: was it worth it?
         if why is None or remaining <= 0:
             return
         self.unchecked = self.unchecked and not settled

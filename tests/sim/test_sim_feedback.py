@@ -202,6 +202,22 @@ def test_a_restart_a_batch_forced_is_not_taken_for_the_configuration_s_speed():
     assert libra.t_end[-1] <= colocated.t_end[-1] * 1.001
 
 
+def test_the_first_periodic_replan_comes_after_the_pilots_not_inside_them():
+    """search-r1, Qwen3-32B on 32 A800s, seed 99, staleness 2: rollout and training stay
+    within the imbalance band, so only the periodic trigger starts a decision. It is
+    due at once; asked (and so spent) on step 0, whose decision the pilots' evidence
+    overrules, it came back only ten steps later, never in a 10-step run. As in `libra
+    train`, the trigger is asked once the guards pass: the first decision is on the
+    first batch after the pilots."""
+    cfg = SimConfig(workload="search-r1", gpus=32, steps=10, seed=99, model="qwen3-32b",
+                    hardware="a800-80g", staleness=2)  # fmt: skip
+    libra = Simulation(SYSTEMS["libra"], build_env(cfg))
+    libra.run()
+    assert isinstance(libra.controller, Replanner)
+    first = libra.decisions[0]
+    assert (first["step"], first["trigger"]) == (libra.controller.piloted, "periodic")
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="open (#16): layouts ranked on three batches (the pilots) or on one (a "
