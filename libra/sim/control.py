@@ -190,6 +190,9 @@ class Replanner(Fixed):
         self.piloted = 0
         """Batches the pilots that chose the start ran on every candidate (0: the start
         was given)."""
+        self.outgrown: set[Any] = set()
+        """Training configurations a batch of this run outgrew (the trainer restarted
+        off them): not candidates again, since the lengths that forced it come back."""
 
     @staticmethod
     def key(layout: Layout) -> Hashable:
@@ -303,6 +306,9 @@ class Replanner(Fixed):
         options = self.options(stats, step)
         if self.previous is not None:
             options.append(self.previous)
+        options = [o for o in options if o.train not in self.outgrown]
+        if not options:
+            return
         now = self.timed(sim.layout, ran, step_scale)
         replays: dict[Hashable, float] = {}
         timed = [(*self.predict(o, stats, step, step_scale, signals, replays), o)
@@ -340,6 +346,7 @@ class Replanner(Fixed):
         layout, config = sim.layout, sim.trainer.config
         if config == layout.train or layout.plan is None:
             return
+        self.outgrown.add(layout.train)
         train = evaluate_train(env.model, env.hw, stats, config, env.settings)
         plan = dataclasses.replace(layout.plan, train=train)
         sim.layout = dataclasses.replace(layout, train=config, plan=plan, predicted_t_iter=math.nan)

@@ -202,6 +202,27 @@ def test_a_restart_a_batch_forced_is_not_taken_for_the_configuration_s_speed():
     assert libra.t_end[-1] <= colocated.t_end[-1] * 1.001
 
 
+def test_a_training_configuration_a_batch_outgrew_is_not_a_candidate_again():
+    """dapo-math, Qwen3-30B-A3B on 24 H200s, seed 95, 30 steps: Libra moves to the
+    time-shared layout at step 6 and the next batch outgrows its training configuration
+    (the trainer restarts on one that fits). At step 23 the planner, sized on that
+    batch, offered the outgrown configuration again as 15 s a step faster; Libra took
+    it, the next batch outgrew it again, and the two restarts left it 1.7% behind
+    verl-colocated. The lengths that forced a restart come back, so a configuration the
+    trainer was forced off is not a candidate for the rest of the run."""
+    cfg = SimConfig(workload="dapo-math", gpus=24, steps=30, seed=95, model="qwen3-30b-a3b",
+                    hardware="h200-141g")  # fmt: skip
+    env = build_env(cfg)
+    libra = Simulation(SYSTEMS["libra"], env)
+    libra.run()
+    colocated = Simulation(SYSTEMS["verl-colocated"], env)
+    colocated.run()
+    assert isinstance(libra.controller, Replanner)
+    assert libra.controller.outgrown  # a batch outgrew a configuration it chose
+    assert libra.trainer.restarts == 2, libra.decisions  # the move, and that batch
+    assert libra.t_end[-1] <= colocated.t_end[-1] / 0.99
+
+
 def test_the_first_periodic_replan_comes_after_the_pilots_not_inside_them():
     """search-r1, Qwen3-32B on 32 A800s, seed 99, staleness 2: rollout and training stay
     within the imbalance band, so only the periodic trigger starts a decision. It is
