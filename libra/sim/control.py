@@ -45,7 +45,14 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from libra.errors import ConfigError
-from libra.planner import ReplanPolicy, Signals, evaluate_plan, evaluate_train, reconfig_cost
+from libra.planner import (
+    ReplanPolicy,
+    Signals,
+    TrainConfig,
+    evaluate_plan,
+    evaluate_train,
+    reconfig_cost,
+)
 from libra.planner.measured import Measurements, Scale, Timed, calibration
 from libra.sim.layout import Layout
 from libra.sim.systems import SystemSpec
@@ -190,7 +197,7 @@ class Replanner(Fixed):
         self.piloted = 0
         """Batches the pilots that chose the start ran on every candidate (0: the start
         was given)."""
-        self.outgrown: set[Any] = set()
+        self.outgrown: set[TrainConfig] = set()
         """Training configurations a batch of this run outgrew (the trainer restarted
         off them): not candidates again, since the lengths that forced it come back."""
 

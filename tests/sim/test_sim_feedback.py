@@ -29,6 +29,7 @@ from libra.sim.layout import Env, Layout
 from libra.sim.loop import Loop
 from libra.sim.runner import build_env
 from libra.sim.systems import SYSTEMS
+from tests.sim.runs import run
 
 MODEL, HW = load_model("qwen3-14b"), load_hardware("a800-80g")
 SMALL, LARGE = Bucket("tp1", 1, 8_000), Bucket("tp8", 8, 40_960)
@@ -193,10 +194,7 @@ def test_a_restart_a_batch_forced_is_not_taken_for_the_configuration_s_speed():
     cfg = SimConfig(workload="search-r1", gpus=64, steps=10, seed=17, model="qwen3-30b-a3b",
                     hardware="h200-141g")  # fmt: skip
     env = build_env(cfg)
-    colocated = Simulation(SYSTEMS["verl-colocated"], env)
-    colocated.run()
-    libra = Simulation(SYSTEMS["libra"], env)
-    libra.run()
+    colocated, libra = run(env, "verl-colocated"), run(env, "libra")
     assert colocated.trainer.restarts == 1  # the batch that outgrew the configuration
     assert libra.trainer.restarts == 1, libra.decisions
     assert libra.t_end[-1] <= colocated.t_end[-1] * 1.001
@@ -213,10 +211,7 @@ def test_a_training_configuration_a_batch_outgrew_is_not_a_candidate_again():
     cfg = SimConfig(workload="dapo-math", gpus=24, steps=30, seed=95, model="qwen3-30b-a3b",
                     hardware="h200-141g")  # fmt: skip
     env = build_env(cfg)
-    libra = Simulation(SYSTEMS["libra"], env)
-    libra.run()
-    colocated = Simulation(SYSTEMS["verl-colocated"], env)
-    colocated.run()
+    libra, colocated = run(env, "libra"), run(env, "verl-colocated")
     assert isinstance(libra.controller, Replanner)
     assert libra.controller.outgrown  # a batch outgrew a configuration it chose
     assert libra.trainer.restarts == 2, libra.decisions  # the move, and that batch
@@ -232,8 +227,7 @@ def test_the_first_periodic_replan_comes_after_the_pilots_not_inside_them():
     first batch after the pilots."""
     cfg = SimConfig(workload="search-r1", gpus=32, steps=10, seed=99, model="qwen3-32b",
                     hardware="a800-80g", staleness=2)  # fmt: skip
-    libra = Simulation(SYSTEMS["libra"], build_env(cfg))
-    libra.run()
+    libra = run(build_env(cfg), "libra")
     assert isinstance(libra.controller, Replanner)
     first = libra.decisions[0]
     assert (first["step"], first["trigger"]) == (libra.controller.piloted, "periodic")

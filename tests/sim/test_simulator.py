@@ -20,6 +20,7 @@ from libra.sim.episodes import prompt_lengths
 from libra.sim.layout import Env, Layout
 from libra.sim.runner import build_env, simulate
 from libra.sim.systems import SYSTEMS, resolve
+from tests.sim.runs import run
 
 DATA = Path(__file__).parents[1] / "data"
 SMALL = {"workload": "search-r1", "gpus": 16, "steps": 5, "prompts": 4, "group": 8}
@@ -35,12 +36,6 @@ def results():
     """Every system (the diagnostic one too) on the small run."""
     out = simulate(SimConfig(**SMALL), list(SYSTEMS.values()))
     return {r["system"]: r for r in out["systems"]}
-
-
-def run(env, name: str, layout=None) -> Simulation:
-    sim = Simulation(SYSTEMS[name], env, layout)
-    sim.run()
-    return sim
 
 
 def strip_timing(result: dict) -> dict:
