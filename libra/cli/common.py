@@ -61,7 +61,11 @@ def add_fleet_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bucket", action="append", metavar="NAME=TP:BOUND", help="declare a bucket (repeatable)"
     )
-    p.add_argument("--launch", type=int, metavar="N", help="embedded engines to start per bucket")
+    p.add_argument("--launch", type=int, metavar="N", help="engines to start per bucket")
+    p.add_argument("--launch-kind", choices=("embedded", "vllm"),
+                   help="what --launch starts: embedded engines (default) or vLLM servers at "
+                   "each bucket's TP size ([launch.vllm] or LIBRA_VLLM_PYTHON names the "
+                   "interpreter)")  # fmt: skip
     p.add_argument("--temperature", type=float, help="sampling temperature")
     p.add_argument("--max-tokens", type=int, help="tokens per model turn")
     p.add_argument("--max-turns", type=int, help="override the env's max_turns")
@@ -99,6 +103,7 @@ def fleet_overrides(args: argparse.Namespace, prefix: str = "") -> dict[str, Any
         "sampling.max_tokens": args.max_tokens,
         "limits.max_turns": args.max_turns,
         "limits.max_context": args.max_context,
+        "launch.kind": args.launch_kind,
     }
     return {prefix + k: v for k, v in keys.items()}
 

@@ -6,7 +6,7 @@
     vllm.py        vLLM server command lines and environments (and a blocking launcher)
     raylaunch.py   the same engines inside Ray actors on a cluster's nodes
     backend.py     which of the two starts a job's embedded engines (`[cluster] backend`)
-    config.py      `[cluster]` and `[fleet.vllm]` settings
+    config.py      `[cluster]`, `[fleet.vllm]` and `[launch]` settings
 
 Local processes by default; with `[cluster] backend = "ray"` the Ray launcher is the
 second implementation of the same protocol (docs/cluster.md).

@@ -1,5 +1,6 @@
-"""Settings of the cluster layer in a `libra train` config: where workers are placed
-(`[cluster]`) and how vLLM engines are launched (`[fleet.vllm]`)."""
+"""Settings of the cluster layer: where workers are placed (`[cluster]`), how vLLM
+engines are launched (`[fleet.vllm]` in a `libra train` config), and what the engines
+`libra rollout` and `libra serve-rollout` launch are (`[launch]`)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ class ClusterSection(Config):
 
 
 class VllmSection(Config):
-    """`fleet.kind = "vllm"`: how each rollout instance is launched (`libra.cluster.vllm`).
-    Every instance serves the run's current weights; its TP size is its bucket's `tp`."""
+    """How each vLLM instance is launched (`libra.cluster.vllm`): `[fleet.vllm]` of a
+    `libra train` config (`fleet.kind = "vllm"`), `[launch.vllm]` of a rollout or service
+    config (`launch.kind = "vllm"`). An instance's TP size is its bucket's `tp`."""
 
     python: str | None = None
     """Interpreter of the environment that has vLLM (e.g. `.venv-vllm/bin/python`).
@@ -74,4 +76,21 @@ class VllmSection(Config):
     """SIGTERM to SIGKILL of an instance's process group."""
 
 
-__all__ = ["ClusterSection", "VllmSection"]
+class LaunchSection(Config):
+    """`[launch]` (`libra rollout`, `libra serve-rollout`): what the engines a bucket's
+    `launch = N` (`--launch N`) asks for are. Each starts at its bucket's `tp` (embedded
+    engines: TP 1), on this machine's devices or, with `[cluster] backend = "ray"`, on a
+    node Ray picks (docs/service.md, "Launched engines: embedded or vLLM")."""
+
+    kind: Literal["embedded", "vllm"] = "embedded"
+    """`embedded`: `libra serve-engine` processes (CPU, TP 1). `vllm`: vLLM OpenAI servers
+    (`[launch.vllm]`: the interpreter, `device`, GPU ids)."""
+    engine_threads: int = Field(1, ge=1)
+    """Torch threads per embedded engine."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Sequences an engine (embedded, or vLLM's `--max-num-seqs`) decodes at once."""
+    vllm: VllmSection = Field(default_factory=VllmSection)
+    """`kind = "vllm"`: how the servers start."""
+
+
+__all__ = ["ClusterSection", "LaunchSection", "VllmSection"]

@@ -11,8 +11,9 @@ whole process group. Two kinds, one protocol:
   with `VLLM_SERVER_DEV_MODE=1` for weight reloads. SIGKILL if Libra dies (vLLM ignores
   SIGTERM while it starts).
 
-`Launched` starts a fixed set of embedded engines for one job (`libra rollout` buckets
-with `launch = N`). The Ray backend (`libra.cluster.raylaunch.RayLauncher`) runs these
+`Launched` starts a fixed set of engines for one job (`libra rollout` and `libra
+serve-rollout` buckets with `launch = N`), each on the slot a `Placement` gives it. The
+Ray backend (`libra.cluster.raylaunch.RayLauncher`) runs these
 same launchers inside actors on other nodes; its engines' process is a `RemoteProcess`.
 """
 
@@ -29,7 +30,7 @@ from typing import Protocol, runtime_checkable
 
 from libra.cluster import process, vllm
 from libra.cluster.config import VllmSection
-from libra.cluster.placement import Slot
+from libra.cluster.placement import Placement, Slot
 from libra.engine.weights import EndpointKind
 
 LOST = -1
@@ -250,10 +251,15 @@ class VllmLauncher:
 
 
 class Launched:
-    """`async with Launched(model_dir, counts) as urls:` -> {bucket: [url, ...]}: embedded
-    engines for one job, all stopped when the block ends (also on errors and Ctrl-C).
+    """`async with Launched(model_dir, counts) as urls:` -> {bucket: [url, ...]}: the
+    engines of one job, all stopped when the block ends (also on errors and Ctrl-C).
     `launcher`: how they start (default: local `libra serve-engine` processes; a
-    `RayLauncher` places them on a Ray cluster's nodes, `libra.cluster.backend`).
+    `VllmLauncher` starts vLLM servers; a `RayLauncher` places either on a Ray cluster's
+    nodes, `libra.cluster.backend`). `tps`: each bucket's TP size (default 1: embedded
+    engines); `placement`: whose devices they take (default: this machine's CPUs,
+    unpinned). Every engine's slot is assigned before the first one starts, so devices
+    that do not cover them all stop the job with nothing started; an engine started
+    again (`start_one`) gets its worker's slot back (on Ray: its node, when it has room).
     Engine logs go to `log_dir`; without one, to a temporary folder that is removed when
     the block ends cleanly and kept (errors name the log in it) when it raised or an
     engine was replaced on the way."""
@@ -263,6 +269,8 @@ class Launched:
         model_dir: str | Path,
         counts: dict[str, int],
         *,
+        tps: dict[str, int] | None = None,
+        placement: Placement | None = None,
         startup_timeout_s: float = 120.0,
         extra_args: list[str] | None = None,
         log_dir: str | Path | None = None,
@@ -270,6 +278,8 @@ class Launched:
     ):
         self.model_dir = str(model_dir)
         self.counts = {k: v for k, v in counts.items() if v > 0}
+        self.tps = dict(tps or {})
+        self.placement = placement or Placement("cpu")
         self.launcher = launcher or EmbeddedLauncher(
             startup_timeout_s=startup_timeout_s, extra_args=list(extra_args or [])
         )
@@ -279,16 +289,21 @@ class Launched:
         self.engines: dict[str, list[Engine]] = {}
 
     async def __aenter__(self) -> dict[str, list[str]]:
-        slot = Slot("local", "cpu")  # a RayLauncher's engines say where Ray put them
         names = [(b, f"{b}-{i}") for b, n in self.counts.items() for i in range(n)]
+        try:
+            slots = [self.placement.assign(name, self.tps.get(b, 1)) for b, name in names]
+        except BaseException:
+            self._drop_scratch()
+            raise
         results = await asyncio.gather(
-            *(self.launcher.start(name, 1, slot, self.model_dir, self.log_dir)
-              for _, name in names),
+            *(self.launcher.start(name, self.tps.get(b, 1), slot, self.model_dir, self.log_dir)
+              for (b, name), slot in zip(names, slots, strict=True)),
             return_exceptions=True,
         )  # fmt: skip
-        for (bucket, _), r in zip(names, results, strict=True):
+        for (bucket, name), r in zip(names, results, strict=True):
             if isinstance(r, Engine):
                 self.engines.setdefault(bucket, []).append(r)
+                self.placement.placed(name, r.slot)  # with Ray: the node it got
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             self._scratch = False  # the error names a log in it
@@ -298,7 +313,11 @@ class Launched:
 
     async def __aexit__(self, exc_type: object, *_: object) -> None:
         await self.stop()
-        if self._scratch and exc_type is None:
+        if exc_type is None:
+            self._drop_scratch()
+
+    def _drop_scratch(self) -> None:
+        if self._scratch:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def forget(self, old: Engine) -> str:
@@ -310,10 +329,13 @@ class Launched:
         return bucket
 
     async def start_one(self, bucket: str, worker: str) -> Engine:
-        """Start worker `worker`'s engine in `bucket` (with Ray: wherever a node has room)."""
-        slot = Slot("local", "cpu")
-        new = await self.launcher.start(worker, 1, slot, self.model_dir, self.log_dir)
+        """Start worker `worker`'s engine in `bucket` on its slot (with Ray: on the node
+        it ran on when that has room, else wherever a node has)."""
+        tp = self.tps.get(bucket, 1)
+        slot = self.placement.assign(worker, tp)
+        new = await self.launcher.start(worker, tp, slot, self.model_dir, self.log_dir)
         self.engines.setdefault(bucket, []).append(new)
+        self.placement.placed(worker, new.slot)
         return new
 
     async def stop(self) -> None:

@@ -21,8 +21,9 @@ class BucketConfig(Config):
     endpoints: list[str] = Field(default_factory=list)
     """Base URLs of OpenAI-compatible servers, e.g. `http://127.0.0.1:8000`."""
     launch: int = Field(0, ge=0)
-    """Embedded engines to start for this bucket (`libra serve-engine` subprocesses on free
-    loopback ports), in addition to `endpoints`."""
+    """Engines to start for this bucket, in addition to `endpoints`: embedded ones
+    (`libra serve-engine` subprocesses on free loopback ports) or, with `[launch] kind =
+    "vllm"`, vLLM servers at `tp` (`libra.cluster.config.LaunchSection`)."""
 
 
 class EndpointConfig(Config):

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from libra.cluster.config import ClusterSection
+from libra.cluster.config import ClusterSection, LaunchSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.rollout.toolrun import DEFAULT_MAX_OUTPUT_BYTES
@@ -80,3 +80,6 @@ class RolloutConfig(Config):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     """Where the engines `launch` asks for start: `backend = "ray"` places each on a node
     of a Ray cluster (docs/cluster.md); URLs given as endpoints are used as they are."""
+    launch: LaunchSection = Field(default_factory=LaunchSection)
+    """What the engines `launch` asks for are: embedded (default) or vLLM servers at their
+    bucket's `tp` (`[launch] kind = "vllm"`, `[launch.vllm]`: docs/service.md)."""

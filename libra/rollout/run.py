@@ -131,7 +131,7 @@ async def rollout(
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(env.close)  # runs last: after engines and pool stop
             pool = await stack.enter_async_context(
-                open_pool(serving, config.endpoint, cluster=config.cluster)
+                open_pool(serving, config.endpoint, cluster=config.cluster, launch=config.launch)
             )
             if config.workers > 1:
                 runner = await _worker_runner(stack, config, serving, pool, batch_id, policy)

@@ -9,6 +9,7 @@ space (`libra.routing.default_bounds`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from libra.chat import ChatTokenizer
 from libra.cluster import backend
-from libra.cluster.config import ClusterSection
-from libra.cluster.engines import EmbeddedLauncher, Launched
+from libra.cluster.config import ClusterSection, LaunchSection
+from libra.cluster.engines import Launched
 from libra.endpoints.config import BucketConfig, EndpointConfig
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, ModelError
@@ -149,30 +150,42 @@ async def open_pool(
     config: EndpointConfig,
     *,
     cluster: ClusterSection | None = None,
+    launch: LaunchSection | None = None,
     joined_later: bool = False,
     watch: EngineWatch | None = None,
 ) -> AsyncIterator[EndpointPool]:
-    """Start the embedded engines the buckets ask for (`launch`: local processes, or
+    """Start the engines the buckets ask for (`launch = N`: embedded engines, or vLLM
+    servers at the bucket's TP size with `launch.kind = "vllm"`; local processes, or
     Ray actors with `cluster.backend = "ray"`, each engine's node named on stderr), then
     the endpoint pool over them and the configured URLs; both stop when the block ends.
     Launched engines that exit or are lost with their node are replaced meanwhile
     (`watch`, default `EngineWatch()`; `libra.rollout.supervise`).
     (`joined_later`: as `EndpointPool` takes it.)"""
     urls = {b.name: list(b.endpoints) for b in serving.configs}
-    launch = {b.name: b.launch for b in serving.configs}
+    counts = {b.name: b.launch for b in serving.configs}
     launched = None
     async with contextlib.AsyncExitStack() as stack:
-        if any(launch.values()):
-            section = cluster or ClusterSection()
-            launcher = backend.place(section, EmbeddedLauncher(startup_timeout_s=120.0))
-            launched = Launched(serving.model_dir, launch, launcher=launcher)
+        if any(counts.values()):
+            section, how = cluster or ClusterSection(), launch or LaunchSection()
+            vllm = how.kind == "vllm"
+            tps = {b.name: b.tp if vllm else 1 for b in serving.configs}
+            placement = backend.launch_placement(
+                how, section, sum(n * tps[b] for b, n in counts.items())
+            )
+            local = await asyncio.to_thread(backend.launch_launcher, how)  # runs vllm
+            launcher = backend.place(section, local)
+            launched = Launched(serving.model_dir, counts, tps=tps, placement=placement,
+                                launcher=launcher)  # fmt: skip
             started = await stack.enter_async_context(launched)
             for name, extra in started.items():
                 urls[name] += extra
-            if section.backend == "ray":
-                for e in (e for es in launched.engines.values() for e in es):
-                    print(f"libra: engine {e.worker} on Ray node {e.slot.node} at {e.url}",
-                          file=sys.stderr, flush=True)  # fmt: skip
+            if section.backend == "ray" or vllm:  # where each one runs
+                for bucket, es in launched.engines.items():
+                    for e in es:
+                        where = f"Ray node {e.slot.node}" if section.backend == "ray" else (
+                            e.slot.describe())  # fmt: skip
+                        print(f"libra: engine {e.worker} on {where} at {e.url} ({e.kind}, "
+                              f"tp={tps[bucket]})", file=sys.stderr, flush=True)  # fmt: skip
         pool = EndpointPool(
             [(b, urls[b.name]) for b in serving.buckets], config, joined_later=joined_later
         )

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from libra.cluster.config import ClusterSection
+from libra.cluster.config import ClusterSection, LaunchSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.rollout.config import LimitsConfig
@@ -90,6 +90,9 @@ class ServiceConfig(Config):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     """Where the engines `launch` asks for start: `backend = "ray"` places each on a node
     of a Ray cluster (docs/cluster.md); URLs given as endpoints are used as they are."""
+    launch: LaunchSection = Field(default_factory=LaunchSection)
+    """What the engines `launch` asks for are: embedded (default) or vLLM servers at their
+    bucket's `tp` (`[launch] kind = "vllm"`, `[launch.vllm]`: docs/service.md)."""
     endpoint_kind: Literal["auto", "embedded", "vllm"] = "auto"
     """How `POST /v1/weights` loads a checkpoint: `embedded` (`libra serve-engine`),
     `vllm` (dev-mode pause / reload / reset / resume), or `auto` (from `/v1/models`)."""

