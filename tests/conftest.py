@@ -22,6 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+VLLM_STAGE = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("LIBRA_TEST_VLLM") != "1", reason="the vLLM stage (LIBRA_TEST_VLLM=1)"
+    ),
+]
+"""`pytestmark` of the tests that run real vLLM servers: only in the CI vLLM stage
+(`.ci/stage-vllm.sh` sets LIBRA_TEST_VLLM=1), skipped elsewhere."""
+
+
 def need(condition: bool, reason: str) -> None:
     """Skip locally when a prerequisite is missing; fail under CI=true."""
     if condition:

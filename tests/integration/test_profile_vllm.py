@@ -18,16 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, need
+from tests.conftest import ROOT, VLLM_STAGE, free_port, need
 from tests.integration.test_profile import GRID, check_held_out, profile
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("LIBRA_TEST_VLLM") != "1", reason="the vLLM stage (LIBRA_TEST_VLLM=1)"
-    ),
-]
+pytestmark = VLLM_STAGE
 
 
 @pytest.fixture(scope="module")

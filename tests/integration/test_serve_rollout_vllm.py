@@ -23,17 +23,11 @@ from pathlib import Path
 import pytest
 
 from libra.client import Client
-from tests.conftest import need
+from tests.conftest import VLLM_STAGE, need
 from tests.integration.procs import descendants, gone, wait_gone
 from tests.integration.service_util import Service
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("LIBRA_TEST_VLLM") != "1", reason="the vLLM stage (LIBRA_TEST_VLLM=1)"
-    ),
-]
+pytestmark = VLLM_STAGE
 
 CONFIG = """
 [sampling]

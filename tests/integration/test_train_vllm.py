@@ -26,15 +26,9 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import ROOT, need
+from tests.conftest import ROOT, VLLM_STAGE, need
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("LIBRA_TEST_VLLM") != "1", reason="the vLLM stage (LIBRA_TEST_VLLM=1)"
-    ),
-]
+pytestmark = VLLM_STAGE
 
 # The arith env's prompt and tools with a reward that differs between the samples of a
 # group (the share of even token ids in the response): every group has an advantage
