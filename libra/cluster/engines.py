@@ -190,7 +190,7 @@ class VllmLauncher:
 
     section: VllmSection
     python: str
-    """The interpreter of the venv with vLLM (`libra.train.placement.check` found it)."""
+    """The interpreter of the venv with vLLM (`libra.cluster.backend.vllm_python` checked it)."""
     max_num_seqs: int = 64
     kind: EndpointKind = "vllm"
     host: str = "127.0.0.1"
