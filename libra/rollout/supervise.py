@@ -1,8 +1,9 @@
 """Engines a job launched, kept serving: one that exits or is lost with its node is
 replaced, and its replacement serves the weights the others serve.
 
-`libra rollout` and `libra serve-rollout` launch embedded engines (`launch = N` in a
-bucket, `--launch N`), locally or on a Ray cluster's nodes. `EngineWatch` polls them
+`libra rollout` and `libra serve-rollout` launch engines (`launch = N` in a bucket,
+`--launch N`: embedded ones, or vLLM servers with `[launch] kind = "vllm"`), locally or
+on a Ray cluster's nodes. `EngineWatch` polls them
 (`libra.cluster.engines.engine_down`: an exit code, or a Ray node silent for
 `SILENT_S` whose engine does not answer either). A lost engine leaves the pool at once
 (its turns fail over to the bucket's other endpoints, as on any endpoint failure), is
