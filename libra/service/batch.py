@@ -70,9 +70,14 @@ class Batch:
 
 
 def request_digest(doc: dict[str, Any]) -> str:
-    """What makes two submits the same batch (for idempotency): everything but the id."""
+    """What makes two submits the same batch (for idempotency): everything but the id.
+    A weight other than 1 counts; the default leaves the digest as it was before batches
+    had weights (a spool written then still matches its resubmits)."""
     keys = ("env", "tasks", "group_size", "sampling", "step")
-    blob = orjson.dumps({k: doc.get(k) for k in keys}, option=orjson.OPT_SORT_KEYS)
+    fields = {k: doc.get(k) for k in keys}
+    if doc.get("weight", 1.0) != 1.0:
+        fields["weight"] = doc["weight"]
+    blob = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -81,7 +86,7 @@ def submit_digest(req: SubmitRequest) -> str:
     for a JSON body, without dumping its tasks again)."""
     return request_digest({"env": req.env, "tasks": req.tasks, "group_size": req.group_size,
                            "sampling": req.sampling.model_dump(mode="json"),
-                           "step": req.step})  # fmt: skip
+                           "step": req.step, "weight": req.weight})  # fmt: skip
 
 
 def specs_for(doc: dict[str, Any]) -> list[EpisodeSpec]:

@@ -113,6 +113,9 @@ class ServiceConfig(Config):
     that no single parse holds the event loop up (docs/service.md)."""
     max_episodes_per_batch: int = Field(100_000, ge=1)
     """Largest batch (tasks x group_size) one submit may ask for."""
+    max_batch_weight: float = Field(16.0, ge=1.0, allow_inf_nan=False)
+    """Largest `weight` a submit may give its batch (its share of the episode slots
+    against a weight-1 batch)."""
 
     @field_validator("weights_dirs")
     @classmethod
@@ -139,6 +142,10 @@ class SubmitRequest(Config):
     """Idempotency key: resubmitting the same id returns the existing batch."""
     step: int | None = Field(None, ge=0)
     """Policy version stamped on records. Default: the last `POST /v1/weights` version."""
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """This batch's share of the service's episode slots against the other batches with
+    episodes waiting (fair admission, `libra.service.fair`): weights 3 and 1 hold 3/4 and
+    1/4. At most the service's `max_batch_weight`."""
 
     @field_validator("batch_id")
     @classmethod

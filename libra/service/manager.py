@@ -153,7 +153,7 @@ class BatchManager:
             if why is not None:
                 self._finish_many(batch, [batch.aborted(spec, why) for spec in missing])
             else:
-                self.fair.push(batch.id, missing)
+                self.fair.push(batch.id, missing, doc.get("weight", 1.0))
                 self._work.set()
             log.warning(
                 "resumed batch %s: %d of %d episodes to %s",
@@ -259,6 +259,12 @@ class BatchManager:
                     400, f"{len(req.tasks)} tasks x group_size {req.group_size} = {n} episodes; "
                     f"this service takes at most {self.config.max_episodes_per_batch} per batch",
                 )  # fmt: skip
+            if req.weight > self.config.max_batch_weight:
+                raise RequestError(
+                    400, f"weight {req.weight:g} is above this service's max_batch_weight "
+                    f"({self.config.max_batch_weight:g}); give a weight in (0, "
+                    f"{self.config.max_batch_weight:g}]",
+                )  # fmt: skip
             doc = {
                 "batch_id": batch_id,
                 "env": req.env,
@@ -266,6 +272,7 @@ class BatchManager:
                 "group_size": req.group_size,
                 "sampling": req.sampling_over(self.config.sampling).model_dump(mode="json"),
                 "step": self.version if req.step is None else req.step,
+                "weight": req.weight,
                 "digest": digest,
                 "created": time.time(),
             }
@@ -273,7 +280,7 @@ class BatchManager:
             made = await asyncio.to_thread(self._make, doc, prompt, env.task_fields)
             batch = self._open(doc, "running", made)
             batch.queued_since = self.clock()
-            self.fair.push(batch.id, batch.specs)
+            self.fair.push(batch.id, batch.specs, req.weight)
             self._work.set()
             return batch, True
 
@@ -332,6 +339,7 @@ class BatchManager:
             "groups": len(batch.doc["tasks"]),
             "group_size": batch.doc["group_size"],
             "step": batch.doc["step"],
+            "weight": batch.doc.get("weight", 1.0),
             "finished": batch.spool.written,
             "streamable": batch.spool.visible,
             "counts": counts,

@@ -29,7 +29,7 @@ class Service:
         self.url = f"http://127.0.0.1:{self.port}"
         self.spool = tmp / "spool"
         self.config = tmp / "service.toml"
-        self.config.write_text(FAST_ENDPOINTS + config)
+        self.config.write_text(config + FAST_ENDPOINTS)  # top-level keys of `config` first
         self.args = [
             "serve-rollout", str(self.config), "--model", str(model), "--port", str(self.port),
             "--spool", str(self.spool), *(a for u in urls for a in ("--endpoint", f"tp1={u}")),

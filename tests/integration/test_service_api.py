@@ -219,6 +219,43 @@ async def test_groups_cursor_cancel_slow_reader_and_fairness(
         await asyncio.sleep(0)
 
 
+async def test_batch_weights_split_the_slots_and_survive_a_restart(
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+) -> None:
+    """A batch submitted with `weight` 3 beside a weight-1 one holds three of every four
+    episode slots while both have episodes waiting (`libra.service.fair`); a weight above
+    the service's `max_batch_weight` is refused naming it; the weight is stored with the
+    batch and kept across a restart."""
+    url, _ = spawn_fake(delay=0.05)
+    svc = Service(tmp_path, tiny_model, [url], "--concurrency", "4",
+                  config="max_batch_weight = 4\n")  # fmt: skip
+    services.append(svc)
+    base = svc.start()
+    async with AsyncClient(base) as c:
+        with pytest.raises(
+            ServiceError, match=r"HTTP 400: weight 5 is above .*max_batch_weight \(4\)"
+        ):
+            await c.submit("arith", make_tasks(1, seed=0), weight=5)
+        low = await c.submit("arith", make_tasks(40, seed=1), group_size=4, batch_id="low")
+        high = await c.submit("arith", make_tasks(40, seed=2), group_size=4, batch_id="high",
+                              weight=3)  # fmt: skip
+        assert (await c.status(high))["weight"] == 3 and (await c.status(low))["weight"] == 1
+        recs = [r async for r in c.trajectories(high)]
+        assert len(recs) == 160
+        # With equal weights `low`, submitted first, would have finished about as many
+        # (160) by now; at 3:1 it had one slot in four: about a third of `high`'s.
+        done_low = (await c.status(low))["finished"]
+        assert done_low < 100, done_low
+        left = await c.submit("arith", make_tasks(40, seed=3), group_size=4, batch_id="left",
+                              weight=2.5)  # fmt: skip
+    svc.kill()
+    svc.start()
+    async with AsyncClient(base) as c:
+        assert (await c.status(left))["weight"] == 2.5  # stored with the batch
+        assert len([r async for r in c.trajectories(left)]) == 160
+        assert len([r async for r in c.trajectories(low)]) == 160
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_an_openai_sdk_agent_is_served_like_a_native_env(
     tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service], workers: int

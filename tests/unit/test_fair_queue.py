@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
+import pytest
+
 from libra.service.fair import FairQueue
 
 
@@ -68,3 +70,30 @@ def test_drop_returns_the_queued_items_and_the_batch_is_forgotten_once_idle() ->
     q.release("a")
     q.release("b")
     assert q.pop() is None and q.pending() == 0 and q.running() == 0
+
+
+def test_weights_split_the_slots_in_proportion_while_both_are_busy() -> None:
+    q: FairQueue[str] = FairQueue()
+    q.push("train", [f"t{i}" for i in range(300)], weight=3.0)
+    q.push("eval", [f"e{i}" for i in range(300)], weight=1.0)
+    first = Counter(b for b, _ in (q.pop() for _ in range(8)))
+    assert first == {"train": 6, "eval": 2}
+    # Slot by slot, each freed slot keeps the split at 3:1; `eval` never waits for `train`.
+    q2: FairQueue[str] = FairQueue()
+    q2.push("train", [f"t{i}" for i in range(300)], weight=3.0)
+    q2.push("eval", [f"e{i}" for i in range(300)], weight=1.0)
+    admitted = simulate(q2, slots=8, steps=200)
+    counts = Counter(b for b, _ in admitted)
+    assert abs(counts["train"] - 3 * counts["eval"]) <= 3, counts
+    assert counts["eval"] > 40
+
+
+def test_a_weighted_batch_alone_still_uses_every_slot_and_weight_is_checked() -> None:
+    q: FairQueue[str] = FairQueue()
+    q.push("eval", [f"e{i}" for i in range(10)], weight=0.25)
+    assert [b for b, _ in (q.pop() for _ in range(6))] == ["eval"] * 6  # work-conserving
+    q.push("eval", ["late"], weight=8.0)  # the first push set the weight
+    q.push("train", [f"t{i}" for i in range(10)])
+    assert q.pop() == ("train", "t0")  # 0 running of weight 1 against 6 of weight 0.25
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        q.push("bad", ["x"], weight=0.0)

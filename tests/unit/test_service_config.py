@@ -4,11 +4,12 @@ overrides only what it names, idempotency ignores defaults spelled out, exposure
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from libra import config as cfgmod
 from libra.endpoints.config import SamplingConfig
 from libra.errors import ConfigError
-from libra.service.batch import request_digest
+from libra.service.batch import request_digest, submit_digest
 from libra.service.config import ServiceConfig, SubmitRequest
 from libra.service.server import check_exposure
 from tests.conftest import ROOT
@@ -39,6 +40,20 @@ def test_idempotency_digest_ignores_spelled_out_defaults() -> None:
     c = SubmitRequest(env="arith", tasks=[{"id": "a"}], group_size=2)
     digest = [request_digest(r.model_dump(mode="json")) for r in (a, b, c)]
     assert digest[0] == digest[1] != digest[2]
+
+
+def test_a_batch_s_weight_is_part_of_its_request_and_must_be_positive() -> None:
+    one = SubmitRequest(env="arith", tasks=[{"id": "a"}])
+    same = SubmitRequest(env="arith", tasks=[{"id": "a"}], weight=1.0)
+    three = SubmitRequest(env="arith", tasks=[{"id": "a"}], weight=3.0)
+    digest = [submit_digest(r) for r in (one, same, three)]
+    assert digest[0] == digest[1] != digest[2]  # a resubmit with another weight is another request
+    # the default leaves the digest of a request stored before weights existed unchanged
+    assert digest[0] == request_digest({k: v for k, v in one.model_dump(mode="json").items()
+                                        if k != "weight"})  # fmt: skip
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValidationError, match="weight"):
+            SubmitRequest(env="arith", tasks=[{"id": "a"}], weight=bad)
 
 
 @pytest.mark.parametrize(
