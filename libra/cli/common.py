@@ -34,6 +34,38 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
     return out
 
 
+def add_set_flag(p: argparse.ArgumentParser, example: str) -> None:
+    """`--set KEY=VALUE` (repeatable): any key of the command's config, VALUE in TOML."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override any config key, VALUE in TOML (repeatable): "
+                   f"{example}")  # fmt: skip
+
+
+def set_pairs(pairs: list[str]) -> list[tuple[str, Any]]:
+    """`--set KEY=VALUE` pairs; VALUE is read as TOML (`false`, `4`, `"x"`, `[1, 2]`),
+    or taken as a plain string when it is not TOML (`--set out=runs/a`)."""
+    import tomllib
+
+    out = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {pair}: expected KEY=VALUE, e.g. --set planner.adapt=false")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out.append((key.strip(), value))
+    return out
+
+
+def overrides(sets: list[str], flags: dict[str, Any]) -> dict[str, Any]:
+    """Config overrides (dotted keys): the `--set` pairs, then the dedicated flags given
+    (a flag left unset does not undo a `--set` of its key: `--set steps=3` without
+    `--steps` sets `steps`; given both, the flag wins)."""
+    return dict(set_pairs(sets)) | {k: v for k, v in flags.items() if v is not None}
+
+
 def routing_options(pairs: list[str] | None) -> dict[str, Any]:
     """`--routing KEY=VALUE` flags as a routing table: a value that parses as JSON is
     that (numbers, booleans), any other a string (a path, a mode name)."""

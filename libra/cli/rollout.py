@@ -10,8 +10,10 @@ from libra.cli.common import (
     add_fleet_flags,
     add_json_flag,
     add_ray_flag,
+    add_set_flag,
     apply_bucket_flags,
     fleet_overrides,
+    overrides,
     print_json,
     ray_overrides,
 )
@@ -60,6 +62,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--batch-id", help="batch id stamped on records")
     add_fleet_flags(p)
     add_ray_flag(p)
+    add_set_flag(p, "--set limits.episode_timeout_s=600 --set launch.vllm.device=cpu")
     p.add_argument("--seed", type=int, help="sampling seed (per episode: seed + index)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     add_json_flag(p)
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             f"--num-tasks {args.num_tasks}: give the number of tasks to run (1 or more), "
             "or leave it out to run every task"
         )
-    overrides = {
+    flags = {
         "env": args.env,
         "tasks": args.tasks,
         "num_tasks": args.num_tasks,
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         **fleet_overrides(args),
         **ray_overrides(args),
     }
-    cfg = cfgmod.load(RolloutConfig, args.config, overrides)
+    cfg = cfgmod.load(RolloutConfig, args.config, overrides(args.set, flags))
     apply_bucket_flags(cfg, args)
     summary = run_sync(rollout(cfg, progress=not args.quiet))
     if args.json:

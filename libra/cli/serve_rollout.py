@@ -10,8 +10,10 @@ import sys
 from libra.cli.common import (
     add_fleet_flags,
     add_ray_flag,
+    add_set_flag,
     apply_bucket_flags,
     fleet_overrides,
+    overrides,
     ray_overrides,
 )
 
@@ -53,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                    "the one API and spool (default 1: this process)")  # fmt: skip
     add_fleet_flags(p)
     add_ray_flag(p)
+    add_set_flag(p, "--set max_batch_weight=4 --set launch.vllm.gpus=[0,1]")
     p.add_argument("--endpoint-kind", choices=["auto", "embedded", "vllm"],
                    help="how POST /v1/weights loads checkpoints (default auto)")  # fmt: skip
     p.add_argument("--weights-dir", action="append", metavar="DIR",
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from libra.service.server import announce, serve, token_from_env
 
     logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
-    overrides = {
+    flags = {
         "host": args.host,
         "port": args.port,
         "concurrency": args.concurrency,
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         **fleet_overrides(args),
         **ray_overrides(args),
     }
-    cfg = cfgmod.load(ServiceConfig, args.config, overrides)
+    cfg = cfgmod.load(ServiceConfig, args.config, overrides(args.set, flags))
     cfg.token = token_from_env(args.token or cfg.token)
     if args.env:
         entries = []

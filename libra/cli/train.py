@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from libra.cli.common import add_json_flag, print_json
+from libra.cli.common import add_json_flag, add_set_flag, overrides, print_json
 
 EPILOG = """\
 examples:
@@ -48,14 +48,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--steps", type=int, help="GRPO steps (overrides `steps`)")
     p.add_argument("--display", choices=("auto", "live", "lines", "off"), help="progress display")
     p.add_argument("--fresh", action="store_true", help="delete a run in `out` and start over")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config key, VALUE in TOML (repeatable): "
-        "--set planner.adapt=false --set rollout.group_size=4",
-    )
+    add_set_flag(p, "--set planner.adapt=false --set rollout.group_size=4")
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -75,13 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from libra.train import load_config
 
     logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
-    overrides = dict(_settings(args.set)) | {
-        "out": args.out,
-        "seed": args.seed,
-        "steps": args.steps,
-        "report.display": args.display,
-    }
-    cfg = load_config(args.config, overrides)
+    flags = {"out": args.out, "seed": args.seed, "steps": args.steps,
+             "report.display": args.display}  # fmt: skip
+    cfg = load_config(args.config, overrides(args.set, flags))
     if args.dry_run:
         from libra.train.dryrun import describe, render
 
@@ -113,26 +102,6 @@ def _nothing_ran(s: dict[str, Any], config: str) -> str:
         f"  start over:    libra train {config} --fresh   (deletes {s['out']})",
         f"  train further: libra train {config} --steps N   (or --set steps=N), N > {n}",
     ])  # fmt: skip
-
-
-def _settings(pairs: list[str]) -> list[tuple[str, Any]]:
-    """`--set KEY=VALUE` pairs; VALUE is read as TOML (`false`, `4`, `"x"`, `[1, 2]`),
-    or taken as a plain string when it is not TOML (`--set out=runs/a`)."""
-    import tomllib
-
-    from libra.errors import ConfigError
-
-    out = []
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {pair}: expected KEY=VALUE, e.g. --set planner.adapt=false")
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-        out.append((key.strip(), value))
-    return out
 
 
 def _render(s: dict) -> str:
