@@ -78,6 +78,7 @@ def _two_ranks(rank: int, model: str, port: int, root: str) -> None:
         out["from1"] = _whole(resumed)
         if rank == 0:
             torch.save({**out, "counts": counts}, Path(root) / "two.pt")
+        dist.barrier()  # no rank tears its group down while a peer's last op is in flight
     finally:
         dist.destroy_process_group()
 

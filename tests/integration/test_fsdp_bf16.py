@@ -52,6 +52,7 @@ def _rank(rank: int, folder: str, port: int, out: str) -> None:
             result[dtype] = (torch.cat(full), seen, shards | local)
         if rank == 0:
             torch.save(result, out)
+        dist.barrier()  # no rank tears its group down while a peer's last op is in flight
     finally:
         dist.destroy_process_group()
 

@@ -45,6 +45,7 @@ def _rank(rank: int, folder: str, port: int, out: str) -> None:
                                       for p in model.parameters()])  # fmt: skip
         if rank == 0:
             torch.save(grads, out)
+        dist.barrier()  # no rank tears its group down while a peer's last op is in flight
     finally:
         dist.destroy_process_group()
 
