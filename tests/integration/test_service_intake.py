@@ -10,7 +10,7 @@ import pytest
 from libra.service.batch import submit_digest
 from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError
-from libra.service.intake import INLINE_BYTES, parse_body, parse_submit
+from libra.service.intake import INLINE_BYTES, MAX_TASK_DEPTH, parse_body, parse_submit
 
 BIG = 1 << 30
 
@@ -39,6 +39,11 @@ async def test_bad_bodies_are_one_clear_400(n: int) -> None:
         (body(n, group_size=0), "group_size: Input should be greater than or equal to 1"),
         (body(n, colour="red"), "colour: unknown key"),
         (body(n)[:-2] + b',"oops"]}', f"tasks.{n}: Input should be a valid dictionary"),
+        # 300 levels: the parser takes it, writing the task again (digest, spool) would not
+        (
+            body(n)[:-2] + b',{"x":' + b"[" * 299 + b"]" * 299 + b"}]}",
+            f"tasks.{n}: nests lists and objects more than {MAX_TASK_DEPTH} levels deep",
+        ),
     ]
     for raw, why in cases:
         with pytest.raises(RequestError, match=why) as e:
@@ -46,3 +51,9 @@ async def test_bad_bodies_are_one_clear_400(n: int) -> None:
         assert e.value.status == 400 and len(str(e.value)) <= 2000
     with pytest.raises(RequestError, match=r"tasks\[0\] is \d+ bytes of JSON; a task may have"):
         await parse_submit(body(n), 20)
+    deep: object = 1
+    for _ in range(MAX_TASK_DEPTH - 1):
+        deep = [deep]
+    raw = body(n)[:-2] + b"," + orjson.dumps({"x": deep}) + b"]}"  # the deepest allowed
+    req = await parse_submit(raw, BIG)
+    assert req.tasks[-1] == {"x": deep} and submit_digest(req) == submit_digest(req)
