@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from libra.jsonlimits import MAX_DEPTH, deeper_than
+
 
 class ProxyError(Exception):
     """An answer other than a completion: HTTP status + OpenAI error body."""
@@ -74,6 +76,8 @@ def parse_request(body: Any) -> ChatRequest:
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
     ):
         raise bad_request("`tools` must be a list of objects")
+    if tools is not None and deeper_than(tools):
+        raise bad_request(f"`tools` nests lists and objects more than {MAX_DEPTH} levels deep")
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
         raise bad_request(

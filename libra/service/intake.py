@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from libra.config import Config, format_validation_error
 from libra.endpoints.config import SamplingConfig
+from libra.jsonlimits import MAX_DEPTH, deeper_than
 from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError
 
@@ -34,11 +35,6 @@ INLINE_BYTES = 1 << 20
 CHILD_TIMEOUT_S = 120.0
 MAX_ERROR = 2000
 """Longest error message returned (a validation error may quote its input)."""
-MAX_TASK_DEPTH = 64
-"""Deepest nesting of lists and objects a task may have (the task object is level 1).
-The parser takes 1,024 levels, but a task is written again (the idempotency digest,
-the spool, the env's prompt) and orjson writes at most 254: a deeper task passed the
-check and failed later as an internal error."""
 
 
 def parse_body(raw: bytes, model: type[M]) -> M:
@@ -57,28 +53,15 @@ def parse_body(raw: bytes, model: type[M]) -> M:
                 raise RequestError(
                     400, f"tasks.{i}: Input should be a valid dictionary (got {task!r:.80})"
                 )
-            if _deeper_than(task, MAX_TASK_DEPTH):
+            if deeper_than(task):
                 raise RequestError(
-                    400, f"tasks.{i}: nests lists and objects more than {MAX_TASK_DEPTH} "
+                    400, f"tasks.{i}: nests lists and objects more than {MAX_DEPTH} "
                     "levels deep; flatten it (or keep such data in files the env reads)",
                 )  # fmt: skip
     try:
         return model.model_validate(doc)
     except ValidationError as e:
         raise RequestError(400, format_validation_error(e)[:MAX_ERROR]) from None
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether `value` nests lists and dicts more than `limit` levels (iterative: a
-    recursion here would be what the check guards against)."""
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if depth > limit:
-            return True
-        items = v.values() if isinstance(v, dict) else v
-        stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
-    return False
 
 
 async def parse_submit(raw: bytes, max_task_bytes: int) -> SubmitRequest:

@@ -119,6 +119,13 @@ def test_bad_agent_is_one_clear_line(
 
 
 # --- the proxy's answers, with the SDK as the client -----------------------------------
+def _nested(levels: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        doc = {"type": "object", "properties": {"x": doc}}
+    return doc
+
+
 async def probe(task: dict[str, Any], client: openai.AsyncOpenAI) -> dict[str, Any]:
     """An agent that tries what the proxy refuses, then makes one good call."""
     seen: dict[str, Any] = {}
@@ -129,6 +136,8 @@ async def probe(task: dict[str, Any], client: openai.AsyncOpenAI) -> dict[str, A
                          "function": {"name": "f", "parameters": {}}}]}),
         ("image", {"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
+        ("deep", {"tools": [{"type": "function", "function": {"name": "f",
+                  "parameters": _nested(300)}}]}),
     ]:  # fmt: skip
         try:
             await client.chat.completions.create(**{"model": "m", "messages": msgs, **kw})
@@ -195,6 +204,7 @@ async def test_the_proxy_refuses_clearly_and_serves_the_rest(tiny_model: Path, f
     assert info["n"][0] == 400 and "`n` must be 1" in info["n"][1]
     assert info["tool_choice"][0] == 400 and "tool_choice 'required'" in info["tool_choice"][1]
     assert "'image_url' is not supported" in info["image"][1]
+    assert info["deep"][0] == 400 and "`tools` nests lists and objects more" in info["deep"][1]
     assert info["models"] == ["libra-policy"] and info["key"] == 401 and info["path"] == 404
     assert info["http_models"] == ["libra-policy"] and info["http_key"] == 401
     assert info["http_n"][0] == 400 and "`n` must be 1" in info["http_n"][1]

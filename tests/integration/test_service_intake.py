@@ -10,7 +10,8 @@ import pytest
 from libra.service.batch import submit_digest
 from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError
-from libra.service.intake import INLINE_BYTES, MAX_TASK_DEPTH, parse_body, parse_submit
+from libra.jsonlimits import MAX_DEPTH
+from libra.service.intake import INLINE_BYTES, parse_body, parse_submit
 
 BIG = 1 << 30
 
@@ -42,7 +43,7 @@ async def test_bad_bodies_are_one_clear_400(n: int) -> None:
         # 300 levels: the parser takes it, writing the task again (digest, spool) would not
         (
             body(n)[:-2] + b',{"x":' + b"[" * 299 + b"]" * 299 + b"}]}",
-            f"tasks.{n}: nests lists and objects more than {MAX_TASK_DEPTH} levels deep",
+            f"tasks.{n}: nests lists and objects more than {MAX_DEPTH} levels deep",
         ),
     ]
     for raw, why in cases:
@@ -52,7 +53,7 @@ async def test_bad_bodies_are_one_clear_400(n: int) -> None:
     with pytest.raises(RequestError, match=r"tasks\[0\] is \d+ bytes of JSON; a task may have"):
         await parse_submit(body(n), 20)
     deep: object = 1
-    for _ in range(MAX_TASK_DEPTH - 1):
+    for _ in range(MAX_DEPTH - 1):
         deep = [deep]
     raw = body(n)[:-2] + b"," + orjson.dumps({"x": deep}) + b"]}"  # the deepest allowed
     req = await parse_submit(raw, BIG)
