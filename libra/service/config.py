@@ -113,6 +113,11 @@ class ServiceConfig(Config):
     that no single parse holds the event loop up (docs/service.md)."""
     max_episodes_per_batch: int = Field(100_000, ge=1)
     """Largest batch (tasks x group_size) one submit may ask for."""
+    max_queued_episodes: int = Field(1_000_000, ge=1)
+    """Most episodes waiting for a slot, across all batches: a submit that would queue
+    more is answered 429 (the client retries it), so clients that submit faster than the
+    fleet serves cannot grow the service's memory without bound (a queued episode holds
+    about 0.4 KB). A batch submitted while nothing waits is taken whatever its size."""
     max_batch_weight: float = Field(16.0, ge=1.0, allow_inf_nan=False)
     """Largest `weight` a submit may give its batch (its share of the episode slots
     against a weight-1 batch)."""

@@ -259,6 +259,13 @@ class BatchManager:
                     400, f"{len(req.tasks)} tasks x group_size {req.group_size} = {n} episodes; "
                     f"this service takes at most {self.config.max_episodes_per_batch} per batch",
                 )  # fmt: skip
+            waiting, cap = self.fair.pending(), self.config.max_queued_episodes
+            if waiting and waiting + n > cap:
+                raise RequestError(
+                    429, f"{waiting} episodes are waiting for a slot and this batch adds {n}, "
+                    f"above this service's max_queued_episodes ({cap}); submit it again once "
+                    "some have started (libra.client retries a 429 itself) or cancel a batch",
+                )  # fmt: skip
             if req.weight > self.config.max_batch_weight:
                 raise RequestError(
                     400, f"weight {req.weight:g} is above this service's max_batch_weight "

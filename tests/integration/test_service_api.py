@@ -257,6 +257,31 @@ async def test_batch_weights_split_the_slots_and_survive_a_restart(
         assert len([r async for r in c.trajectories(low)]) == 160
 
 
+async def test_a_full_queue_answers_429_and_the_client_submits_once_there_is_room(
+    tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service]
+) -> None:
+    """With `max_queued_episodes` waiting, a submit that would queue more is a 429 naming
+    the limit (the service's memory stays bounded whatever clients send); the client
+    retries it and gets in once enough of the queue has started."""
+    url, _ = spawn_fake(delay=0.05)
+    svc = Service(tmp_path, tiny_model, [url], "--concurrency", "1",
+                  config="max_queued_episodes = 6\n")  # fmt: skip
+    services.append(svc)
+    base = svc.start()
+    async with AsyncClient(base, reconnect_s=0) as impatient, AsyncClient(base) as c:
+        first = await c.submit("arith", make_tasks(5, seed=1), group_size=4)  # 20 > 6: alone
+        with pytest.raises(ServiceError) as err:
+            await impatient.submit("arith", make_tasks(1, seed=2), group_size=4)
+        assert err.value.status == 429 and "above this service's max_queued_episodes (6)" in str(
+            err.value
+        )
+        second = await c.submit("arith", make_tasks(1, seed=2), group_size=4)  # retried
+        # let in once at most 2 of the first batch's 20 waited (and 1 ran): 17 had finished
+        assert (await c.status(first))["finished"] >= 17
+        assert len([r async for r in c.trajectories(second)]) == 4
+        assert len([r async for r in c.trajectories(first)]) == 20
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_an_openai_sdk_agent_is_served_like_a_native_env(
     tmp_path: Path, tiny_model: Path, spawn_fake, services: list[Service], workers: int
