@@ -32,12 +32,16 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
     """One line per problem: `source: a.b.c: message (got value)`; joined with '; '."""
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
+        if not e["loc"] and e["type"] == "value_error":
+            # a check across fields: its message names them; its input is the whole document
+            parts.append(msg.removeprefix("Value error, "))
+            continue
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
             msg = "unknown key (remove it or check the spelling)"
         got = e.get("input")
-        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {got!r:.200})"
         parts.append(f"{loc}: {msg}{shown}")
     prefix = f"{source}: " if source else ""
     return prefix + "; ".join(parts)

@@ -327,10 +327,17 @@ class TrainConfig(Config):
                 "rollout.sampling.temperature must be > 0 for training (GRPO needs samples; "
                 "set validation.temperature = 0 for greedy validation)"
             )
-        if self.model.num_attention_heads % self.model.num_key_value_heads:
-            raise ValueError("model.num_attention_heads must be a multiple of num_key_value_heads")
-        if self.model.hidden_size % self.model.num_attention_heads:
-            raise ValueError("model.hidden_size must be a multiple of num_attention_heads")
+        m = self.model
+        if m.num_attention_heads % m.num_key_value_heads:
+            raise ValueError(
+                f"model.num_attention_heads ({m.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({m.num_key_value_heads})"
+            )
+        if m.hidden_size % m.num_attention_heads:
+            raise ValueError(
+                f"model.hidden_size ({m.hidden_size}) must be a multiple of "
+                f"num_attention_heads ({m.num_attention_heads})"
+            )
         return self
 
 

@@ -7,6 +7,7 @@ import pytest
 from libra import config
 from libra.errors import ConfigError
 from libra.rollout.config import RolloutConfig
+from tests.conftest import ROOT
 
 
 def test_load_with_overrides(tmp_path: Path) -> None:
@@ -34,3 +35,16 @@ def test_errors_name_the_field_path(tmp_path: Path) -> None:
         config.load(RolloutConfig, f)
     with pytest.raises(ConfigError, match="not found"):
         config.load(RolloutConfig, tmp_path / "missing.toml")
+
+
+def test_a_check_across_fields_is_its_own_message_not_the_whole_document() -> None:
+    """A model-level check's input is the whole config: the error gave `(top level):
+    Value error, ...` and then every key of the file (`libra train --set
+    model.hidden_size=127`)."""
+    from libra.train import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "examples/cpu-train.toml", {"model.hidden_size": 127})
+    assert str(err.value).endswith(
+        "cpu-train.toml: model.hidden_size (127) must be a multiple of num_attention_heads (2)"
+    )
