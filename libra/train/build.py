@@ -399,17 +399,25 @@ def train_tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[
     if path is None:
         raise ConfigError(f"env {cfg.data.env!r} ships no tasks; set data.train")
     fields, env_id = getattr(env, "task_fields", None), cfg.data.env
-    tasks = adapt_tasks(load_tasks(path, 0), fields, env=env_id, source=str(path))
+    tasks = adapt_tasks(_load(path, "data.train"), fields, env=env_id, source=str(path))
     if not tasks:
         raise ConfigError(f"data.train: {path} holds no tasks")
     if cfg.data.val is None:
         return tasks, []
     seen = {task_id(t) for t in tasks}
-    val_tasks = adapt_tasks(load_tasks(cfg.data.val, 0), fields, env=env_id, source=cfg.data.val)
+    val_tasks = adapt_tasks(_load(cfg.data.val, "data.val"), fields, env=env_id,
+                            source=cfg.data.val)  # fmt: skip
     val = [t for t in val_tasks if task_id(t) not in seen]
     if not val:
         raise ConfigError(f"data.val: {cfg.data.val} has no task that is not also in data.train")
     return tasks, val[: cfg.validation.tasks]
+
+
+def _load(path: str | Path, key: str) -> list[dict[str, Any]]:
+    try:
+        return load_tasks(path, 0)
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def _starting_roles(

@@ -42,6 +42,7 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
             "buckets": [b.name for b in f.buckets],
         },
         "layout": layout(cfg),
+        "problems": preflight(cfg),
         "planner": {
             "hardware": cfg.planner.hardware,
             "adapt": cfg.planner.adapt,
@@ -61,6 +62,38 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
             doc["plan"] = _gpu_plan(cfg, stats)
             doc["replanner"] = _replanner_view(cfg, stats, doc["layout"]["hybrids_start"])
     return doc
+
+
+def preflight(cfg: TrainConfig) -> list[str]:
+    """What stops a run at its start that validating the config cannot see: the env,
+    the task files and the hardware profile it names, each loaded as the run loads it
+    (`load_env`, `train_tasks`, `load_hardware`), nothing started."""
+    import asyncio
+
+    from libra.errors import LibraError
+    from libra.rollout.run import load_env
+    from libra.train.build import train_tasks
+
+    problems = []
+    try:
+        env = load_env(cfg.data.env, cfg.data.env_options)
+    except LibraError as e:
+        problems.append(f"data.env: {e}")
+    else:
+        try:
+            train_tasks(cfg, env)
+        except LibraError as e:
+            problems.append(str(e))
+        finally:
+            asyncio.run(env.close())
+    if cfg.planner.hardware != "local":
+        from libra.planner import load_hardware
+
+        try:
+            load_hardware(cfg.planner.hardware)
+        except LibraError as e:
+            problems.append(f"planner.hardware: {e}")
+    return problems
 
 
 def layout(cfg: TrainConfig) -> dict[str, Any]:
@@ -256,6 +289,7 @@ def render(doc: dict[str, Any]) -> str:
         hw = doc["planner"]["hardware"]
         where = "the measured `local` profile" if hw == "local" else f"the profile {hw}"
         lines.append(f"first plan: made at start on {where} and the demonstrations")
+    lines += [f"a run stops here: {p}" for p in doc["problems"]]
     return "\n".join(lines)
 
 
@@ -349,4 +383,4 @@ def _layout_lines(lay: dict[str, Any], vllm: dict[str, Any] | None) -> list[str]
     return out
 
 
-__all__ = ["describe", "render"]
+__all__ = ["describe", "preflight", "render"]

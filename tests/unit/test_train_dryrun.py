@@ -91,3 +91,22 @@ def test_a_hybrid_holds_the_same_gpus_in_both_roles() -> None:
     cfg["trainer"]["elastic"]["replica_ranks"] = 4  # the hybrids' bucket is TP 8
     with pytest.raises(ValueError, match="first bucket's tp \\(8\\) must be 4"):
         TrainConfig.model_validate(cfg)
+
+
+def test_what_stops_a_run_at_its_start_is_shown_before_it_starts(tmp_path) -> None:
+    """The env, the task files and the hardware profile a config names are loaded as the
+    run loads them: a dry run passed a missing tasks file, an unknown env or hardware
+    profile, which the run then stopped on in its first seconds."""
+    ok = describe(load_config(ROOT / "examples/cpu-train.toml"))
+    assert ok["problems"] == [] and "a run stops here" not in render(ok)
+    cases = {
+        "data.train": (str(tmp_path / "missing.jsonl"), "data.train: tasks file "),
+        "data.env": ("no-such-env", "data.env: unknown env 'no-such-env'"),
+        "planner.hardware": ("h999", "planner.hardware: unknown hardware 'h999'"),
+        "data.val": ("examples/data/arith-train.jsonl", "data.val: examples/data/arith-train"),
+    }
+    for key, (value, why) in cases.items():
+        doc = describe(load_config(ROOT / "examples/cpu-train.toml", {key: value}))
+        (problem,) = doc["problems"]
+        assert problem.startswith(why), (key, problem)
+        assert f"a run stops here: {problem}" in render(doc).splitlines()
