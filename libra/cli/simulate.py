@@ -127,7 +127,11 @@ def run(args: argparse.Namespace) -> int:
     keep_freed_memory()  # this process only simulates
     result = simulate(cfg, systems, jobs=jobs, progress=progress)
     if not ran(result["systems"]):
-        raise ConfigError("; ".join(f"{r['system']}: {r['error']}" for r in result["systems"]))
+        why = "; ".join(f"{r['system']}: {r['error']}" for r in result["systems"])
+        raise ConfigError(
+            f"no system can run {cfg.model} on {cfg.gpus} x {cfg.hardware} ({why}); give more "
+            "--gpus or a smaller --model"
+        )
     if args.plot is not None:
         from libra.sim.plot import write_plots
 

@@ -138,5 +138,9 @@ def test_a_system_that_cannot_run_on_the_cluster_is_reported_and_the_others_run(
     # (after the progress lines).
     assert main(["simulate", *SHORT_OF_MEMORY, "--systems", "verl-static-uniform"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("libra: error: verl-static-uniform: qwen3-32b training does not")
+    assert err[-1].startswith(
+        "libra: error: no system can run qwen3-32b on 16 x h100-80g (verl-static-uniform: "
+        "qwen3-32b training does not"
+    )
+    assert err[-1].endswith("give more --gpus or a smaller --model")
     assert sum(line.startswith("libra: error") for line in err) == 1
