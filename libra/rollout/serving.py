@@ -18,10 +18,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from libra.chat import ChatTokenizer
 from libra.cluster import backend
 from libra.cluster.config import ClusterSection, LaunchSection
 from libra.cluster.engines import Launched
+from libra.config import format_validation_error
 from libra.endpoints.config import BucketConfig, EndpointConfig
 from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, ModelError
@@ -66,8 +69,8 @@ def merge_bucket_flags(
             entry["tp"] = int(m.group(1))
         try:
             out.append(BucketConfig.model_validate(entry))
-        except Exception as e:
-            raise ConfigError(f"bucket {name!r}: {e}") from None
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e, f"bucket {name!r}")) from None
     return out
 
 

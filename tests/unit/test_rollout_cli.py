@@ -38,3 +38,17 @@ def test_num_tasks_in_a_config(tmp_path: Path) -> None:
     bad.write_text("num_tasks = 0\n")
     with pytest.raises(ConfigError, match="num_tasks: Input should be greater than or equal to 1"):
         cfgmod.load(RolloutConfig, bad)
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [("0:100", "tp: Input should be greater than or equal to 1 (got 0)"),
+     ("2:-5", "bound: Input should be greater than or equal to 1 (got -5)")],
+)  # fmt: skip
+def test_a_bad_bucket_flag_is_one_line_naming_the_field(spec: str, why: str) -> None:
+    """`--bucket tp1=0:100` was pydantic's four-line report, with its URL."""
+    from libra.rollout.serving import merge_bucket_flags
+
+    with pytest.raises(ConfigError) as err:
+        merge_bucket_flags([], [], [("tp1", spec)])
+    assert str(err.value) == f"bucket 'tp1': {why}"
