@@ -7,10 +7,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from libra.jsonlimits import MAX_DEPTH
 from libra.service.batch import submit_digest
 from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError
-from libra.jsonlimits import MAX_DEPTH
 from libra.service.intake import INLINE_BYTES, parse_body, parse_submit
 
 BIG = 1 << 30
