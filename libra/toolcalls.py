@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import orjson
 
 from libra.errors import ConfigError
+from libra.jsonlimits import MAX_DEPTH, deeper_than
 
 _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
@@ -74,6 +75,14 @@ def _parse_body(body: str) -> ParsedCall:
             return ParsedCall(name, error=f"arguments of {name} are not valid JSON ({e})")
     if not isinstance(args, dict):
         return ParsedCall(name, error=f"arguments of {name} must be a JSON object")
+    return _checked(name, args)
+
+
+def _checked(name: str, args: dict[str, Any]) -> ParsedCall:
+    """The call, or an error when its arguments nest deeper than the record can be
+    written (`libra.jsonlimits`): a degenerate policy can repeat brackets."""
+    if deeper_than(args):
+        return ParsedCall(name, error=f"arguments of {name} nest more than {MAX_DEPTH} levels")
     return ParsedCall(name, args)
 
 
@@ -112,7 +121,7 @@ class Qwen3CoderParser:
                     error = f"{name}: parameter {p.group(1).strip()} misses </parameter>"
                     break
                 args[p.group(1).strip()] = _qwen_value(p.group(2))
-            calls.append(ParsedCall(name, {} if error else args, error))
+            calls.append(ParsedCall(name, error=error) if error else _checked(name, args))
         return calls
 
 
@@ -143,7 +152,7 @@ class Llama3JsonParser:
         while (start := text.find("{", at)) >= 0:
             try:
                 obj, end = decoder.raw_decode(text, start)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 return calls + [ParsedCall("", error=f"tool call is not valid JSON ({e})")]
             at = end
             if not isinstance(obj, dict) or "name" not in obj:
@@ -164,7 +173,7 @@ class MistralParser:
             if body.startswith("["):
                 try:
                     items, _ = decoder.raw_decode(body)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:
                     calls.append(ParsedCall("", error=f"[TOOL_CALLS] list is not valid JSON ({e})"))
                     continue
                 if not isinstance(items, list):
@@ -179,7 +188,7 @@ class MistralParser:
                 continue
             try:
                 args, _ = decoder.raw_decode(rest.strip())
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 calls.append(ParsedCall(name.strip(), error=f"arguments of {name.strip()} are "
                                                             f"not valid JSON ({e})"))  # fmt: skip
                 continue

@@ -120,3 +120,39 @@ def test_the_parser_follows_the_models_chat_template(tmp_path) -> None:
     assert isinstance(parser_for("mistral", qwen_coder), MistralParser)  # asked for
     with pytest.raises(ConfigError, match="hermes, qwen3_coder, llama3_json, mistral"):
         parser_for("xml")
+
+
+def test_arguments_nested_past_the_limit_are_a_call_error_in_every_format() -> None:
+    """A model can write arguments nested hundreds of levels deep (a degenerate policy
+    repeating brackets). Taken as they came, they went into the record, which then could
+    not be written (orjson writes 254 levels), and past ~1,000 levels Python's JSON
+    decoder raised RecursionError out of the parser. Now the call is an error, as a
+    malformed one is, and the record keeps no arguments."""
+    import orjson
+
+    from libra.jsonlimits import MAX_DEPTH
+    from libra.record import ToolCall
+    from libra.toolcalls import Llama3JsonParser, MistralParser, Qwen3CoderParser
+
+    for levels in (300, 3000):
+        deep = "[" * levels + "]" * levels
+        texts = {
+            HermesParser(): f'<tool_call>{{"name": "a", "arguments": {{"x": {deep}}}}}</tool_call>',
+            Qwen3CoderParser(): f"<tool_call>\n<function=a>\n<parameter=x>\n{deep}\n</parameter>\n"
+            "</function>\n</tool_call>",
+            Llama3JsonParser(): f'{{"name": "a", "parameters": {{"x": {deep}}}}}',
+            MistralParser(): f'[TOOL_CALLS]a[ARGS]{{"x": {deep}}}',
+        }
+        for parser, text in texts.items():
+            (call,) = parser.parse(text)  # raises nothing
+            orjson.dumps(ToolCall(name=call.name, arguments=call.arguments).model_dump())
+            if levels == 300:  # JSON to every parser: refused for its depth
+                assert call.error == f"arguments of a nest more than {MAX_DEPTH} levels"
+                assert call.arguments == {}
+            elif not isinstance(parser, Qwen3CoderParser):  # beyond the JSON decoders
+                assert call.error and "not valid JSON" in call.error, (parser, call)
+            else:  # a Qwen3-Coder value that does not read as JSON is text
+                assert call.error is None and call.arguments == {"x": deep}
+    ok = f'<tool_call>{{"name": "a", "arguments": {{"x": {"[" * 60 + "]" * 60}}}}}</tool_call>'
+    (call,) = HermesParser().parse(ok)
+    assert call.error is None and call.name == "a"
