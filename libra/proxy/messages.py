@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from libra.jsonlimits import MAX_DEPTH, deeper_than
 from libra.record import ToolStatus
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -93,12 +94,12 @@ def canonical(msg: Any, index: int, names: Mapping[str, str]) -> dict[str, Any]:
             fn = call.get("function") if isinstance(call, Mapping) else None
             if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
                 raise BadMessages(f"{where}.tool_calls[{j}] has no function name")
-            calls.append(
-                {
-                    "type": "function",
-                    "function": {"name": fn["name"], "arguments": _arguments(fn.get("arguments"))},
-                }
-            )
+            args = _arguments(fn.get("arguments"))
+            if isinstance(args, dict | list) and deeper_than(args):
+                raise BadMessages(
+                    f"{where}.tool_calls[{j}]: arguments nest more than {MAX_DEPTH} levels"
+                )
+            calls.append({"type": "function", "function": {"name": fn["name"], "arguments": args}})
         out["tool_calls"] = calls
     return out
 

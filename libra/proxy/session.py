@@ -37,6 +37,7 @@ from typing import Any
 from libra.chat import ChatTokenizer
 from libra.endpoints.pool import Served
 from libra.errors import EndpointError
+from libra.jsonlimits import MAX_DEPTH, deeper_than
 from libra.proxy import messages as m
 from libra.proxy.protocol import ChatRequest, ProxyError, Reply, bad_request
 from libra.proxy.turns import ContextFull, Placement, Seg, Shared
@@ -251,6 +252,8 @@ class Session:
             info = raw.get("info")
             if info is not None and not isinstance(info, dict):
                 raise m.BadMessages(f"messages[{i}]: `info` must be an object")
+            if info is not None and deeper_than(info):
+                raise m.BadMessages(f"messages[{i}]: `info` nests more than {MAX_DEPTH} levels")
             out.append(ToolReturn(
                 tool=msgs[i]["name"],
                 status=m.tool_status(raw, text),

@@ -110,6 +110,12 @@ def test_bad_messages_name_the_problem() -> None:
         m.tool_status({"status": "bad"}, "")
     with pytest.raises(m.BadMessages, match="non-empty list"):
         canon([])
+    # arguments the record could not be written with (orjson writes 254 levels)
+    deep = "[" * 300 + "]" * 300
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep}}
+    with pytest.raises(m.BadMessages, match=r"tool_calls\[0\]: arguments nest more than 64"):
+        canon([{"role": "user", "content": "q"},
+               {"role": "assistant", "content": "", "tool_calls": [call]}])  # fmt: skip
 
 
 def test_tool_returns_are_the_tool_messages_after_the_last_reply() -> None:
@@ -197,3 +203,26 @@ def test_load_env_tells_agent_functions_from_env_classes(tmp_path: Path) -> None
         load_env(f"{path}:run", {"nope": 1})
     with pytest.raises(ConfigError, match="writes its own prompts"):
         agent.prompt({})
+
+
+def test_a_tool_messages_info_the_record_could_not_be_written_with_is_refused() -> None:
+    """`info` on a tool message goes on the record as the agent sent it; one nested
+    past the limit made the record unwritable (orjson writes 254 levels)."""
+    from types import SimpleNamespace
+
+    from libra.proxy.protocol import ChatRequest
+    from libra.proxy.session import Session
+
+    def returns(info: Any) -> Any:
+        raw = [{"role": "user", "content": "q"},
+               {"role": "tool", "name": "f", "content": "out", "info": info}]  # fmt: skip
+        fake = SimpleNamespace(sh=SimpleNamespace(clock=lambda: 1.0), replied_at=0.0)
+        return Session._returns(fake, ChatRequest("m", raw), canon(raw), [1], [3])  # type: ignore[arg-type]
+
+    (ret,) = returns({"why": [[1]]})
+    assert ret.info == {"why": [[1]]} and ret.tool == "f"
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(m.BadMessages, match=r"messages\[1\]: `info` nests more than 64 levels"):
+        returns({"why": deep})
