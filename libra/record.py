@@ -155,6 +155,17 @@ class Trajectory(_Record):
     def to_json(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))
 
+    def unwritable(self, e: Exception) -> Trajectory:
+        """The `error` record that stands in for this one when it cannot be written
+        (`to_json` raised: lists and objects nested deeper than pydantic and orjson
+        write, about 254 levels), so that its episode is still accounted for."""
+        return Trajectory(
+            id=self.id, batch_id=self.batch_id, task_id=self.task_id, group_id=self.group_id,
+            env=self.env, step=self.step, seq=self.seq, status="error",
+            error=f"the episode's record could not be written ({e}); its turns and tokens "
+            "are dropped",
+        )  # fmt: skip
+
     @classmethod
     def from_json(cls, data: bytes | str) -> Trajectory:
         return cls.model_validate(orjson.loads(data))

@@ -119,7 +119,7 @@ async def rollout(
     bar = Progress(stats) if progress else None
 
     def emit(record: Trajectory | RawRecord) -> None:
-        sink(record)
+        record = sink(record)
         stats.add(record)
         if on_record is not None:  # a worker's record is parsed only for a caller's hook
             on_record(record if isinstance(record, Trajectory) else Trajectory.from_json(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from libra.record import Trajectory
-from libra.rollout.wire import RawRecord, facts_of
+from libra.rollout.wire import RawRecord, facts_of, serialized
 
 
 class JsonlSink:
@@ -23,11 +23,15 @@ class JsonlSink:
         self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
         self.fsync = fsync
 
-    def __call__(self, record: Trajectory | RawRecord) -> None:
-        self._f.write(record.to_json() + b"\n")
+    def __call__(self, record: Trajectory | RawRecord) -> Trajectory | RawRecord:
+        """Write `record`; returns what was written (its error stand-in when the record
+        cannot be written: `libra.rollout.wire.serialized`)."""
+        record, line = serialized(record)
+        self._f.write(line + b"\n")
         self._f.flush()
         if self.fsync:
             os.fsync(self._f.fileno())
+        return record
 
     def close(self) -> None:
         self._f.close()

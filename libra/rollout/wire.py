@@ -17,6 +17,7 @@ finished episode, as one process's would.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import Any
 import orjson
 
 from libra.record import Trajectory
+
+log = logging.getLogger(__name__)
 
 _LENGTHS = struct.Struct(">II")
 MAX_HEADER = 64 << 20
@@ -142,10 +145,25 @@ class RawRecord:
         return b"".join((view[: self.at], b"%d" % self.seq, view[self.at + 1 :]))
 
 
+def serialized(record: Trajectory | RawRecord) -> tuple[Trajectory | RawRecord, bytes]:
+    """(the record written, its JSON): a record that cannot be written gives way to its
+    `Trajectory.unwritable` stand-in (a `RawRecord` is JSON already)."""
+    try:
+        return record, record.to_json()
+    except (TypeError, ValueError) as e:  # orjson, or pydantic, refused it
+        assert isinstance(record, Trajectory)
+        log.error("episode %s: its record cannot be written (%s); an error record stands in",
+                  record.id, e)  # fmt: skip
+        stand_in = record.unwritable(e)
+        return stand_in, stand_in.to_json()
+
+
 def pack_record(r: Trajectory) -> tuple[dict[str, Any], bytes]:
     """(header fields, blob) of a finished record, for `unpack_record` in the front."""
     r.seq = 0
-    blob = r.to_json()
+    written, blob = serialized(r)
+    assert isinstance(written, Trajectory)
+    r = written
     at = blob.find(SEQ_FIELD)
     if at < 0:  # the record model changed shape: fail loudly, not with a wrong seq
         raise AssertionError("a record without its seq field after the scalar ids")
@@ -170,5 +188,6 @@ __all__ = [
     "lesson_of",
     "pack_record",
     "read_frame",
+    "serialized",
     "unpack_record",
 ]

@@ -419,7 +419,7 @@ class BatchManager:
                 log.error("episode %s finished twice; keeping the first record", record.id)
             else:
                 fresh.append(record)
-        batch.spool.extend(fresh)
+        fresh = batch.spool.extend(fresh)  # a record that cannot be written: an error one
         self.syncer.touched(batch.spool)
         # With workers, theirs route and learn (each from every record: `WorkerPool`).
         learns = batch.runnable and self.workers is None

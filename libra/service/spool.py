@@ -26,7 +26,7 @@ import orjson
 
 from libra.errors import LibraError
 from libra.record import Trajectory
-from libra.rollout.wire import RawRecord
+from libra.rollout.wire import RawRecord, serialized
 
 
 class SpoolCorrupt(LibraError):
@@ -87,23 +87,31 @@ class Spool:
         self.extend([record])
         return record.seq
 
-    def extend(self, records: Sequence[Trajectory | RawRecord]) -> None:
+    def extend(self, records: Sequence[Trajectory | RawRecord]) -> list[Trajectory | RawRecord]:
         """Append `records` in order with the next seqs, in one write (a `RawRecord`,
-        from a rollout worker, is written as it came with its seq spliced in)."""
-        if not records:
-            return
+        from a rollout worker, is written as it came with its seq spliced in). A record
+        that cannot be written (lists and objects nested deeper than pydantic and orjson
+        write, about 254 levels) is replaced by an `error` record of the same
+        episode saying why, so the episode is accounted for and the service goes on.
+        Returns the records written (`libra.rollout.wire.serialized`)."""
+        written: list[Trajectory | RawRecord] = []
         lines = []
-        for k, record in enumerate(records):
-            if record.id in self.ids:
-                raise ValueError(f"episode {record.id} already has a record in {self.path}")
-            record.seq = len(self.ends) + k
-            lines.append(record.to_json() + b"\n")
+        for k, given in enumerate(records):
+            if given.id in self.ids:
+                raise ValueError(f"episode {given.id} already has a record in {self.path}")
+            given.seq = len(self.ends) + k
+            record, line = serialized(given)
+            written.append(record)
+            lines.append(line + b"\n")
+        if not written:
+            return written
         self._w.write(b"".join(lines))
         self._w.flush()
-        for record, line in zip(records, lines, strict=True):
+        for record, line in zip(written, lines, strict=True):
             self._index(record.seq, record.id, record.group_id, record.status, len(line))
         if not self.durable_publish:
             self.publish(len(self.ends))
+        return written
 
     def sync(self) -> int:
         """fsync the file (blocking: call it in a thread); returns the records covered."""

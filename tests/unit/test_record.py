@@ -67,3 +67,28 @@ def test_round_trip_and_traces_without_token_ids() -> None:
         b'"tool_returns":[{"tool":"search","status":"ok","payload_tokens":20,"latency_s":0.1}]}]}'
     )
     assert sparse.response_token_ids == [] and sparse.turns[0].tool_returns[0].tool == "search"
+
+
+def test_libra_rollout_writes_an_error_record_for_one_it_cannot_write(tmp_path) -> None:
+    """`libra rollout`'s JSONL sink: a record nested deeper than pydantic and orjson
+    write (about 254 levels) raised out of the sink and ended the job; now its
+    episode's `error` record stands in and the next records follow."""
+    from libra.record import Trajectory, read_jsonl
+    from libra.rollout.sink import JsonlSink
+
+    def rec(i: int) -> Trajectory:
+        return Trajectory(id=f"b/t{i}/0", batch_id="b", task_id=f"t{i}", group_id=f"b/t{i}",
+                          env="arith", response_token_ids=[1, 2])  # fmt: skip
+
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    bad = rec(1)
+    bad.reward_info = {"trace": deep}
+    sink = JsonlSink(tmp_path / "out.jsonl")
+    written = [sink(r) for r in (rec(0), bad, rec(2))]
+    sink.close()
+    back = read_jsonl(tmp_path / "out.jsonl")
+    assert [r.id for r in back] == [r.id for r in written] == ["b/t0/0", "b/t1/0", "b/t2/0"]
+    assert [r.status for r in back] == ["ok", "error", "ok"] and written[1].status == "error"
+    assert "record could not be written" in (back[1].error or "")

@@ -109,3 +109,27 @@ async def test_streams_wait_for_records_and_end_when_all_were_sent(tmp_path: Pat
     assert all(len(g["records"]) == 2 and g["task_id"] == g["group_id"][2:] for g in grs)
     # From a cursor after the end: nothing, and the stream ends at once.
     assert await read(group_chunks(b, after=5)) == []
+
+
+def test_a_record_that_cannot_be_written_becomes_an_error_record_and_the_spool_goes_on(
+    tmp_path: Path,
+) -> None:
+    """pydantic and orjson write about 254 levels of nesting. A record nested deeper
+    (an env's `reward_info`, say) raised out of the spool's write, which the service's
+    episode task group does not survive: every batch stopped. Now its episode gets an
+    `error` record saying why, and the records around it are kept."""
+    sp = Spool(tmp_path, group_size=2, durable_publish=False)
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    bad = rec(1)
+    bad.reward_info = {"trace": deep}
+    written = sp.extend([rec(0), bad, rec(2)])
+    assert [r.seq for r in written] == [0, 1, 2] and written[0] is not bad
+    back = [Trajectory.from_json(sp.read_line(i)) for i in range(3)]
+    assert [r.id for r in back] == ["b/t0/0", "b/t0/1", "b/t1/0"]
+    assert [r.status for r in back] == ["ok", "error", "ok"]
+    assert "record could not be written" in (back[1].error or "") and not back[1].reward_info
+    assert sp.group_done == [(1, "b/t0")]  # its group completes: the episode is accounted for
+    sp.append(rec(3))
+    assert sp.written == 4
