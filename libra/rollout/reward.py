@@ -18,6 +18,7 @@ import orjson
 
 from libra import usercode
 from libra.env import Env
+from libra.jsonlimits import MAX_DEPTH, deeper_than
 from libra.record import Trajectory
 from libra.tooling import Context
 
@@ -73,16 +74,22 @@ def as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:
 
 def plain(info: dict[str, Any] | None) -> dict[str, Any] | None:
     """A dict as JSON-safe data (it goes on the record): values JSON cannot hold become
-    their `repr`."""
+    their `repr`; a value nested past `libra.jsonlimits.MAX_DEPTH` becomes a note saying
+    so (the record around it must stay writable, and orjson writes 254 levels: info 253
+    levels deep passed here and left a record that could not be written)."""
     if not info:
         return None
-    try:
-        return dict(orjson.loads(orjson.dumps(info, option=orjson.OPT_NON_STR_KEYS)))
-    except TypeError:
-        return {str(k): _safe(v) for k, v in info.items()}
+    if not deeper_than(info):
+        try:
+            return dict(orjson.loads(orjson.dumps(info, option=orjson.OPT_NON_STR_KEYS)))
+        except TypeError:
+            pass
+    return {str(k): _safe(v) for k, v in info.items()}
 
 
 def _safe(v: Any) -> Any:
+    if isinstance(v, dict | list) and deeper_than(v, MAX_DEPTH - 1):
+        return f"<a {type(v).__name__} nested more than {MAX_DEPTH} levels deep, not kept>"
     try:
         return orjson.loads(orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS))
     except TypeError:

@@ -80,3 +80,24 @@ async def test_frames_round_trip_and_a_torn_frame_is_an_error() -> None:
     clean = asyncio.StreamReader()
     clean.feed_eof()
     assert await read_frame(clean) is None
+
+
+def test_a_worker_packs_an_error_record_for_one_it_cannot_write() -> None:
+    """A rollout worker serialises its finished records for the front; one nested deeper
+    than pydantic and orjson write (about 254 levels) raised there and killed the
+    worker, then the two after it that ran the episode again. Now the worker packs the
+    episode's `error` record instead."""
+    from libra.record import Trajectory
+    from libra.rollout.wire import pack_record, unpack_record
+
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    bad = Trajectory(id="b/t/0", batch_id="b", task_id="t", group_id="b/t", env="arith",
+                     response_token_ids=[1, 2], reward_info={"trace": deep})  # fmt: skip
+    head, blob = pack_record(bad)
+    raw = unpack_record(head, blob)
+    raw.seq = 7
+    back = Trajectory.from_json(raw.to_json())
+    assert (back.id, back.seq, back.status, raw.status) == ("b/t/0", 7, "error", "error")
+    assert "record could not be written" in (back.error or "") and not back.response_token_ids
