@@ -25,10 +25,6 @@ DEFAULT_STEPS = 10
 """Steps per run: what the full grid affords in about 20 CPU-minutes (docs/simulation.md)."""
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="search-r1,r2e-gym,dapo-math")
     p.add_argument("--gpus", default="24,48,96", help="GPU counts (comma-separated)")
@@ -291,7 +287,7 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from libra.cli.common import progress
+    from libra.cli.common import int_list, progress
     from libra.errors import ConfigError
     from libra.sim.runner import keep_freed_memory
 
@@ -302,8 +298,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     keep_freed_memory()  # this process only simulates
     doc = run_grid(
         [w.strip() for w in args.workloads.split(",") if w.strip()],
-        _ints(args.gpus),
-        _ints(args.prompt_scales),
+        int_list(args.gpus, "--gpus", 2, "24,48,96"),  # one GPU to train, one to roll out
+        int_list(args.prompt_scales, "--prompt-scales", 1, "1,4"),
         args.seeds,
         args.steps,
         systems=args.systems,

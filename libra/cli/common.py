@@ -34,6 +34,20 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
     return out
 
 
+def int_list(text: str, flag: str, least: int | None = None, example: str = "") -> list[int]:
+    """`--flag`'s comma-separated integers (each at least `least`), or one ConfigError
+    naming the flag."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or (least is not None and min(values) < least):
+        at_least = f" >= {least}" if least is not None else ""
+        eg = f" (e.g. {flag} {example})" if example else ""
+        raise ConfigError(f"{flag} {text!r}: expected integers{at_least} separated by commas{eg}")
+    return values
+
+
 def add_set_flag(p: argparse.ArgumentParser, example: str) -> None:
     """`--set KEY=VALUE` (repeatable): any key of the command's config, VALUE in TOML."""
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

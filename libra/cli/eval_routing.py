@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, parse_pairs, print_json, routing_options
+from libra.cli.common import add_json_flag, int_list, parse_pairs, print_json, routing_options
 from libra.errors import ConfigError
 
 SHOWN_BAD_LINES = 20
@@ -77,13 +77,8 @@ def buckets_from_args(args: argparse.Namespace) -> list[Any]:
         if len({b.name for b in out}) < len(out) or len({b.bound for b in out}) < len(out):
             raise ConfigError("--bucket: names and bounds must be distinct")
         return out
-    try:
-        bounds = [int(x) for x in args.bounds.split(",")]
-    except ValueError:
-        raise ConfigError(
-            f"--bounds {args.bounds!r}: expected integers like 5000,15000,40960"
-        ) from None
-    if not bounds or any(b <= 0 for b in bounds) or bounds != sorted(set(bounds)):
+    bounds = int_list(args.bounds, "--bounds", 1, "5000,15000,40960")
+    if bounds != sorted(set(bounds)):
         raise ConfigError(
             f"--bounds {args.bounds!r}: expected strictly ascending positive integers"
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from libra.cli.common import add_json_flag, parse_pairs, print_json, progress
+from libra.cli.common import add_json_flag, int_list, parse_pairs, print_json, progress
 from libra.errors import ConfigError
 
 EPILOG = """\
@@ -84,13 +84,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     return p
 
 
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected integers separated by commas") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from libra import config as cfgmod
     from libra.profiling.config import ProfileConfig
@@ -107,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     endpoints = [{"bucket": b.name, "url": url, "tp": b.tp} for b in buckets for url in b.endpoints]
     held = None
     if args.held_out:
-        held = _ints(args.held_out.replace(":", ","), "--held-out")
+        held = int_list(args.held_out.replace(":", ","), "--held-out")
         if len(held) != 2:
             raise ConfigError(f"--held-out {args.held_out!r}: expected BATCH:CONTEXT, e.g. 8:1024")
     data = {
@@ -116,13 +109,13 @@ def run(args: argparse.Namespace) -> int:
         "model": args.model,
         "base": args.base,
         "devices": args.devices,
-        "batches": _ints(args.batch, "--batch"),
-        "contexts": _ints(args.context, "--context"),
+        "batches": int_list(args.batch, "--batch"),
+        "contexts": int_list(args.context, "--context"),
         "decode_tokens": args.decode_tokens,
         "repeats": args.repeats,
         "held_out": held,
         "train_step": not args.no_train_step,
-        "train_lengths": _ints(args.train_lengths, "--train-lengths"),
+        "train_lengths": int_list(args.train_lengths, "--train-lengths"),
         "id": args.id,
     }
     cfg = cfgmod.build(ProfileConfig, {k: v for k, v in data.items() if v is not None}, "flags")

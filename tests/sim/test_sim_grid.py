@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from libra.bench.sim_grid import run_grid
+from libra.cli import main
 from libra.sim.systems import resolve
 
 
@@ -60,3 +63,17 @@ def test_a_baseline_that_cannot_run_on_the_cells_cluster_sets_no_bar():
     assert set(cell["libra_over"]) == {"areal-static-optimal"}
     assert set(cell["throughput"]) == {"areal-static-optimal", "libra"}
     assert "cannot run on this cluster: verl-static-uniform" in render(doc)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--gpus", "x"], "--gpus 'x': expected integers >= 2 separated by commas"),
+     (["--gpus", "1"], "--gpus '1': expected integers >= 2"),
+     (["--prompt-scales", "0"], "--prompt-scales '0': expected integers >= 1")],
+)  # fmt: skip
+def test_bad_grid_flags_are_one_line_before_anything_runs(flags, message, capsys):
+    """`--prompt-scales 0` and `--gpus 1` ended in a worker's pydantic traceback,
+    `--gpus x` in a ValueError traceback."""
+    assert main(["bench", "sim-grid", *flags, "--seeds", "1", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"libra: error: {message}"), err
