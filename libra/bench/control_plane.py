@@ -33,6 +33,7 @@ from libra.bench import instant_server
 from libra.bench.lag import LagMonitor, percentile, rss_mb
 from libra.bench.scaling import proc_cpu_s, worker_turns
 from libra.chat import ChatTokenizer
+from libra.cli.common import count
 from libra.endpoints.client import completion_body
 from libra.endpoints.config import EndpointConfig, SamplingConfig
 from libra.endpoints.pool import EndpointPool
@@ -64,14 +65,14 @@ class NoopEnv(libra.Env):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--episodes", type=int, default=10_000, help="episodes in flight at once")
-    p.add_argument("--turns", type=int, default=4, help="model turns per episode")
-    p.add_argument("--latency-turns", type=int, default=2000, help="turns per latency sample")
+    p.add_argument("--episodes", type=count, default=10_000, help="episodes in flight at once")
+    p.add_argument("--turns", type=count, default=4, help="model turns per episode")
+    p.add_argument("--latency-turns", type=count, default=2000, help="turns per latency sample")
     p.add_argument("--model", help="model folder for the tokenizer (default: a fresh tiny one)")
     p.add_argument("--workers", default="1", metavar="N,N,...",
                    help="run the in-flight part once per worker count (1: in this process; "
                    "N > 1: N rollout worker processes), e.g. 1,2; turns/s ratios to 1")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=count, default=1,
                    help="repeat the worker counts, alternated, this many times")  # fmt: skip
 
 

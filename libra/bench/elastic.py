@@ -37,16 +37,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libra.cli.common import count
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--core", type=int, default=2, help="core replicas (default 2)")
-    p.add_argument("--cycles", type=int, default=3, help="join/leave cycles (default 3)")
-    p.add_argument("--global-samples", type=int, default=6, help="samples per update (6)")
-    p.add_argument("--prompt-len", type=int, default=4, help="prompt tokens (4)")
-    p.add_argument("--response-len", type=int, default=12, help="response tokens (12)")
-    p.add_argument("--hidden", type=int, default=512, help="model width (512)")
-    p.add_argument("--layers", type=int, default=7, help="decoder layers (7)")
-    p.add_argument("--intermediate", type=int, default=1458, help="MLP width (1458)")
+    p.add_argument("--core", type=count, default=2, help="core replicas (default 2)")
+    p.add_argument("--cycles", type=count, default=3, help="join/leave cycles (default 3)")
+    p.add_argument("--global-samples", type=count, default=6, help="samples per update (6)")
+    p.add_argument("--prompt-len", type=count, default=4, help="prompt tokens (4)")
+    p.add_argument("--response-len", type=count, default=12, help="response tokens (12)")
+    p.add_argument("--hidden", type=count, default=512, help="model width (512)")
+    p.add_argument("--layers", type=count, default=7, help="decoder layers (7)")
+    p.add_argument("--intermediate", type=count, default=1458, help="MLP width (1458)")
     p.add_argument("--baseline", type=int, default=12, help="core updates before the first join")
     p.add_argument("--ready-updates", type=int, default=12, help="hybrid trains this many")
     p.add_argument("--idle-updates", type=int, default=8, help="core updates between cycles")

@@ -16,6 +16,8 @@ import statistics
 import time
 from typing import Any
 
+from libra.cli.common import count
+
 GOALS_S = {48: 0.1, 4096: 10.0}
 
 
@@ -27,7 +29,7 @@ def _load() -> list[float] | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repeats", type=int, default=5, help="solves per size (median reported)")
+    p.add_argument("--repeats", type=count, default=5, help="solves per size (median reported)")
     p.add_argument("--model", default="qwen3-14b")
     p.add_argument("--hardware", default="a800-80g")
     p.add_argument("--workload", default="search-r1")

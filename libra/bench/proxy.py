@@ -28,6 +28,7 @@ import orjson
 from libra.bench import instant_server
 from libra.bench.control_plane import NoopEnv, noop
 from libra.chat import ChatTokenizer
+from libra.cli.common import count
 from libra.endpoints.config import EndpointConfig, SamplingConfig
 from libra.endpoints.pool import EndpointPool
 from libra.proxy.agent import AgentEnv
@@ -76,11 +77,11 @@ async def http_agent(task: dict[str, Any], client: Any, session: Any = None) -> 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--turns", type=int, default=4, help="model turns per episode")
-    p.add_argument("--latency-episodes", type=int, default=150, help="episodes at concurrency 1")
-    p.add_argument("--episodes", type=int, default=1024, help="episodes of the throughput run")
-    p.add_argument("--concurrency", type=int, default=256, help="episodes in flight")
-    p.add_argument("--rounds", type=int, default=3, help="alternating native/agent rounds")
+    p.add_argument("--turns", type=count, default=4, help="model turns per episode")
+    p.add_argument("--latency-episodes", type=count, default=150, help="episodes at concurrency 1")
+    p.add_argument("--episodes", type=count, default=1024, help="episodes of the throughput run")
+    p.add_argument("--concurrency", type=count, default=256, help="episodes in flight")
+    p.add_argument("--rounds", type=count, default=3, help="alternating native/agent rounds")
     p.add_argument("--model", help="model folder for the tokenizer (default: a fresh tiny one)")
 
 

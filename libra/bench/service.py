@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.bench import stall
+from libra.cli.common import count
 from libra.client import AsyncClient
 from libra.cluster.process import free_port
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
@@ -48,11 +49,11 @@ NOOP_ENV = "libra.bench.control_plane:NoopEnv"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["instant", "engine"], default="instant")
-    p.add_argument("--episodes", type=int, default=1000, help="episodes per run")
-    p.add_argument("--concurrency", type=int, default=256, help="episodes in flight")
-    p.add_argument("--turns", type=int, default=4, help="turns per episode (instant backend)")
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens per turn (engine backend)")
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (median)")
+    p.add_argument("--episodes", type=count, default=1000, help="episodes per run")
+    p.add_argument("--concurrency", type=count, default=256, help="episodes in flight")
+    p.add_argument("--turns", type=count, default=4, help="turns per episode (instant backend)")
+    p.add_argument("--max-tokens", type=count, default=32, help="tokens per turn (engine backend)")
+    p.add_argument("--rounds", type=count, default=5, help="alternating rounds (median)")
     p.add_argument("--model", help="model folder (default: a fresh tiny one)")
     p.add_argument(
         "--stall", action="store_true", help="/healthz latency under hostile loads instead"

@@ -34,6 +34,17 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
     return out
 
 
+def count(text: str) -> int:
+    """An argparse `type` for a count flag: an integer >= 1 (argparse names the flag)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
+    return n
+
+
 def int_list(text: str, flag: str, least: int | None = None, example: str = "") -> list[int]:
     """`--flag`'s comma-separated integers (each at least `least`), or one ConfigError
     naming the flag."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from libra.bench.control_plane import LagMonitor
 from libra.rollout.run import GC_THRESHOLDS, run_sync
 
@@ -36,3 +38,17 @@ def test_run_sync_sets_thresholds_for_a_long_lived_process() -> None:
     # full passes rarer than Python's default; the young generations as they were
     assert GC_THRESHOLDS[2] > 10
     assert GC_THRESHOLDS[:2] == (700, 10)
+
+
+def test_a_count_below_one_is_one_line_naming_the_flag(capsys) -> None:
+    """`--episodes -1` ended in `ValueError: Semaphore initial value must be >= 0`; the
+    benchmarks' count flags now take integers >= 1 (`libra.cli.common.count`)."""
+    from libra.cli import main
+
+    for argv in (["control-plane", "--episodes", "-1"], ["service", "--episodes", "0"],
+                 ["routing", "--nodes", "x"]):  # fmt: skip
+        with pytest.raises(SystemExit) as ended:  # argparse's own exit, code 2
+            main(["bench", *argv])
+        assert ended.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"libra: error: argument {argv[1]}: expected an integer >= 1")
