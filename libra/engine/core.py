@@ -226,11 +226,16 @@ class EngineCore:
         for b, (s, tok) in enumerate(zip(seqs, tokens, strict=True)):
             s.tokens.append(tok)
             if s.params.logprobs is not None:
-                s.logprobs.append(float(logprobs[b, tok]))
+                s.logprobs.append(_reportable(float(logprobs[b, tok])))
                 k = s.params.logprobs
                 if k:
                     vals, idx = logprobs[b].topk(k)
-                    s.tops.append(list(zip(idx.tolist(), vals.tolist(), strict=True)))
+                    s.tops.append(
+                        [
+                            (i, _reportable(v))
+                            for i, v in zip(idx.tolist(), vals.tolist(), strict=True)
+                        ]
+                    )
                 else:
                     s.tops.append([])
             done = self._finished(s, tok)
@@ -288,4 +293,14 @@ class EngineCore:
                 req.on_done(err)
 
 
-__all__ = ["Choice", "EngineCore", "Request"]
+LOGPROB_FLOOR = -9999.0
+"""The least log-prob a response carries: -inf (a token the model rules out) as vLLM's
+server writes it, and NaN (a model whose weights overflowed) too, so a response is
+always JSON."""
+
+
+def _reportable(logprob: float) -> float:
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR  # NaN compares False
+
+
+__all__ = ["LOGPROB_FLOOR", "Choice", "EngineCore", "Request"]

@@ -221,3 +221,28 @@ def test_a_swap_lets_every_request_submitted_before_it_finish_on_the_old_weights
         core.stop()
     assert [results[n] for n in ("a", "b", "c")] == [old, old, old]
     assert results["d"] == new
+
+
+def test_a_model_that_gives_nan_still_answers_in_json(parts):
+    """Weights that overflowed (a diverged policy, published) make every logit NaN. The
+    log-probs a response carries are then -9999 (as vLLM's server writes -inf), so the
+    response is JSON and the client can read it; before, Python's encoder wrote `NaN`
+    and the rollout client failed the turn with 'not a completions response'."""
+    import json
+
+    from libra.engine import responses
+    from libra.engine.core import LOGPROB_FLOOR
+
+    cfg, weights, chat = parts
+    broken = {**weights, "norm": torch.full_like(weights["norm"], float("nan"))}
+    core = EngineCore(Decoder(cfg, broken), chat.tokenizer, frozenset(chat.eos_token_ids))
+    core.start()
+    try:
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)
+        [[c]] = run_all(core, [([1, 2, 3], [params])])
+    finally:
+        core.stop()
+    assert len(c.logprobs or []) == 4 and set(c.logprobs or []) == {LOGPROB_FLOOR}
+    assert {v for top in c.top_logprobs or [] for _, v in top} == {LOGPROB_FLOOR}
+    body = responses.completion("m", chat.tokenizer, [([1, 2, 3], [c])], return_ids=True)
+    json.dumps(body, allow_nan=False)  # strict JSON: raises on NaN or an infinity
