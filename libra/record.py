@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 EpisodeStatus = Literal["ok", "error", "timeout", "truncated", "aborted"]
 ToolStatus = Literal["ok", "error", "timeout"]
 
+REWARD_LIMIT = 1e38
+"""The largest reward magnitude a record may carry. The trainer computes in float32
+(at most 3.4e38), and an advantage can be the difference of two rewards."""
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
@@ -191,6 +195,7 @@ def json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "REWARD_LIMIT",
     "EpisodeStatus",
     "Migration",
     "Segment",

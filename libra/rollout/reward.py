@@ -3,7 +3,8 @@
 `reward` is user code: a coroutine function runs in a task of its own, a plain function
 in a worker thread (`libra.usercode`), so a slow or blocking reward never stalls the
 event loop, and the limit holds even when it swallows cancellation. What it returns must
-be a finite number (a NaN or an infinity would reach the trainer as `null`), with an
+be a finite number of magnitude at most `REWARD_LIMIT` (a NaN or an infinity would reach
+the trainer as `null`, a larger number overflows its float32 arithmetic), with an
 optional dict of components that JSON can hold; anything else makes the episode `error`
 with the reason, and the batch goes on.
 """
@@ -19,7 +20,7 @@ import orjson
 from libra import usercode
 from libra.env import Env
 from libra.jsonlimits import MAX_DEPTH, deeper_than
-from libra.record import Trajectory
+from libra.record import REWARD_LIMIT, Trajectory
 from libra.tooling import Context
 
 
@@ -67,6 +68,11 @@ def as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:
         ) from None
     if not math.isfinite(reward):
         raise BadReward(f"got {reward}; a reward must be a finite number")
+    if abs(reward) > REWARD_LIMIT:
+        raise BadReward(
+            f"got {reward:g}; a reward's magnitude must be at most {REWARD_LIMIT:g} "
+            "(the trainer computes in float32): scale it down"
+        )
     if info is not None and not isinstance(info, dict):
         raise BadReward(f"the info beside the reward is a {type(info).__name__}, not a dict")
     return reward, plain(info)

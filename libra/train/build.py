@@ -305,7 +305,8 @@ async def build_run(
         )  # fmt: skip
         ckpt = Checkpointer(out, trainer, fleet, policy, stream, replanner, state, report)
         loop = Loop(
-            steps=cfg.steps, checkpoint_every=cfg.report.checkpoint_every, rollouts=rollouts,
+            steps=cfg.steps, checkpoint_every=cfg.report.checkpoint_every,
+            max_skipped=cfg.trainer.max_skipped_updates, rollouts=rollouts,
             trainer=trainer, weights=weights, reconfig=reconfig, validation=validation,
             telemetry=telemetry, state=state, checkpoint=ckpt.save,
             roles=fleet.by_role, on_lost=lambda lost: fleet.replace_lost(lost, report.event),

@@ -172,6 +172,10 @@ class TrainerSection(Config):
     elastic: ElasticConfig = Field(default_factory=ElasticConfig)
     keep_versions: int = Field(3, ge=1)
     """Published weight folders kept on disk (`weights.transport = "disk"`)."""
+    max_skipped_updates: int = Field(3, ge=1)
+    """A step whose gradient holds a NaN or an infinity is not applied (the weights stay
+    as they were, an `update-skipped` event says so); this many such steps in a row stop
+    the run, naming the usual causes: the model has diverged."""
 
 
 class WeightsSection(Config):

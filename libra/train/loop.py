@@ -15,6 +15,10 @@
   it finished, so every validation episode runs on one version.
 - After each step the planner may move hybrids or restart core instances
   (`libra.train.reconfig`), in a task beside the loop.
+- A step whose gradient is not finite leaves the weights as they were
+  (`Replica.apply`); the loop says so (an `update-skipped` event) and stops the run
+  after `max_skipped` such steps in a row: the model has diverged, and going on would
+  only spend the fleet.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from libra.train.metrics import StepTimes, step_row
 from libra.train.reconfig import Reconfigurer
 from libra.train.report import Report
 from libra.train.rollouts import Rollouts
+from libra.train.skips import SkippedUpdates
 from libra.train.state import LoopState
 from libra.train.validation import Validation
+from libra.trainer.report import StepReport
 from libra.weights import WeightSync
 
 
@@ -53,6 +59,7 @@ class Loop:
         *,
         steps: int,
         checkpoint_every: int,
+        max_skipped: int,
         rollouts: Rollouts,
         trainer: TrainerHandle,
         weights: WeightSync,
@@ -65,6 +72,7 @@ class Loop:
         on_lost: Callable[[list[tuple[str, str]]], Awaitable[None]],
     ):
         self.steps, self.checkpoint_every = steps, checkpoint_every
+        self.skipped = SkippedUpdates(max_skipped)
         self.rollouts, self.trainer, self.weights = rollouts, trainer, weights
         self.reconfig, self.validation = reconfig, validation
         self.report, self.display, self.view = telemetry.report, telemetry.display, telemetry.view
@@ -142,6 +150,7 @@ class Loop:
             self.display.step(row)
             self._update_view(row)
             self.reconfig.after_step(row, records, finished, self._tg)
+            self._check_update(rep)
             if self.validation is not None and self.validation.due(rep.version):
                 self._start_validation(rep.version)
             if rep.version % self.checkpoint_every == 0 or self.stopping:
@@ -150,6 +159,19 @@ class Loop:
             if self.stopping:
                 return "interrupted"
         return "done"
+
+    def _check_update(self, rep: StepReport) -> None:
+        """Report a skipped update; stop the run at `max_skipped` in a row."""
+        n = self.skipped.after_step(rep.version, rep.grad_norm, rep.tokens)
+        if not n:
+            return
+        self.report.event("update-skipped", step=rep.version, grad_norm=str(rep.grad_norm),
+                          in_a_row=n)  # fmt: skip
+        self.view.note = self.skipped.note(rep.version, rep.grad_norm)
+        if self.skipped.stop:
+            self.report.event("diverged", steps=self.skipped.steps,
+                              checkpoint_step=self.checkpointed)  # fmt: skip
+            raise self.skipped.error(self.checkpointed)
 
     async def _stopped(self, e: TrainerError) -> TrainerError:
         """The run cannot go on without a core replica: one line naming it (and its

@@ -136,13 +136,21 @@ class Replica:
     def apply(self, flat: torch.Tensor, tokens: float, sumsq: float) -> float:
         """One update from a summed gradient: divide by the global token count, clip by
         the global norm (from `sumsq`, the replica-wide sum of squares of the summed
-        gradient), AdamW. Returns the pre-clip norm of the averaged gradient."""
+        gradient), AdamW. Returns the pre-clip norm of the averaged gradient.
+
+        A gradient with a NaN or an infinity in it (its norm is not finite) is not
+        applied: the update is skipped as an empty one is (counted, no Adam step), so one
+        overflow does not leave NaN in every weight. Every replica computes the same
+        `sumsq`, so all skip alike; the caller sees the norm and reports the skip."""
         self.updates += 1
         if tokens <= 0:  # nobody trained: a no-op update on every replica alike
             self.zero_grads()
             return 0.0
         scale = 1.0 / tokens
         norm = math.sqrt(sumsq) * scale
+        if not math.isfinite(norm):
+            self.zero_grads()
+            return norm
         mult = scale
         limit = self.cfg.optim.max_grad_norm
         if limit is not None and norm > limit:

@@ -98,6 +98,8 @@ class StepReport:
     """k3 estimate of KL(rollout policy || trainer) per token: engine mismatch + staleness."""
     tis_capped_frac: float
     grad_norm: float
+    """The last update's pre-clip gradient norm; NaN or infinity when an update of the
+    step was skipped for a gradient that was not finite (`Replica.apply`)."""
     lr: float
     step_s: float
     tokens_per_s: float

@@ -15,6 +15,9 @@ What happens to a record (documented in docs/grpo.md):
   tokens are left out of the loss.
 - malformed (no prompt tokens, or mask / logprob lengths that disagree with the
   response): dropped and counted.
+- a reward that is not finite or beyond `REWARD_LIMIT` (a record that did not come from
+  Libra's own scoring, which refuses those): dropped as `bad_reward` and left out of its
+  group's statistics, so the rest of its group still trains.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from libra.record import Trajectory
+from libra.record import REWARD_LIMIT, Trajectory
 from libra.trainer.config import GRPOConfig
 
 
@@ -108,6 +111,8 @@ def prepare(records: Iterable[Trajectory], *, version: int, cfg: GRPOConfig) -> 
             dropped["aborted"] += 1
         elif _malformed(r):
             dropped["malformed"] += 1
+        elif not abs(r.reward) <= REWARD_LIMIT:  # also NaN
+            dropped["bad_reward"] += 1
         else:
             groups[r.group_id].append(r)
     samples: list[Sample] = []

@@ -164,8 +164,9 @@ def run_sft(
         loss = -lp.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if torch.isfinite(norm):  # a NaN or an infinity would spread to every weight
+            opt.step()
         sched.step()
         done, loss_v = step + 1, loss.item()
         evaluate = done % EVAL_EVERY == 0 or done == steps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from libra.trainer.report import StepReport, StepResult
@@ -36,7 +37,7 @@ def aggregate(
         clip_frac=m.get("clipped", 0.0) / per_tok,
         mismatch_kl=m.get("mismatch_kl", 0.0) / rollout,
         tis_capped_frac=m.get("tis_capped", 0.0) / rollout,
-        grad_norm=results[-1].grad_norm if results else 0.0,
+        grad_norm=step_grad_norm(results),
         lr=results[-1].lr if results else 0.0,
         step_s=elapsed,
         tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0,
@@ -46,4 +47,13 @@ def aggregate(
     )
 
 
-__all__ = ["aggregate"]
+def step_grad_norm(results: list[StepResult]) -> float:
+    """The last update's gradient norm, or the first that was not finite (its update was
+    skipped: the step reports it even when a later minibatch's update went through)."""
+    for r in results:
+        if not math.isfinite(r.grad_norm):
+            return r.grad_norm
+    return results[-1].grad_norm if results else 0.0
+
+
+__all__ = ["aggregate", "step_grad_norm"]

@@ -91,13 +91,16 @@ class Faulty(libra.Env):
         mode = task["mode"]
         if mode == "nan-reward":
             return float("nan")
+        if mode == "huge-reward":  # finite, but past float32, the trainer's arithmetic
+            return 1e39
         if mode == "odd-info":
             return 1.0, {"obj": object(), "n": 2}
         # A blocking reward: it holds its thread until the loop has run a callback.
         return float(loop_answers(ctx.state["loop"]))
 
 
-MODES = ["plain", "sync", "unserialisable", "bad-result", "swallow", "nan-reward", "odd-info"]
+MODES = ["plain", "sync", "unserialisable", "bad-result", "swallow", "nan-reward", "huge-reward",
+         "odd-info"]  # fmt: skip
 
 
 async def run_modes(tmp_path: Path, model: Path, url: str, modes: list[str], **kw: Any) -> dict:
@@ -142,6 +145,8 @@ async def test_faulty_user_code_is_data_and_limits_hold(
     # A reward that is not a finite number is the episode's error, with the reason.
     assert recs["nan-reward"].status == "error"
     assert "finite" in (recs["nan-reward"].error or "")
+    assert recs["huge-reward"].status == "error"
+    assert "magnitude must be at most 1e+38" in (recs["huge-reward"].error or "")
     # Reward components JSON cannot hold reach the record as text.
     info = recs["odd-info"].reward_info or {}
     assert recs["odd-info"].status == "ok" and info["n"] == 2

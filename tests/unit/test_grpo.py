@@ -72,6 +72,22 @@ def test_prepare_status_staleness_and_malformed():
     assert policy_version(records[4]) == 1 and policy_version(records[0]) == 3
 
 
+def test_a_reward_beyond_float32_is_dropped_and_its_group_still_trains(model):
+    """A record from elsewhere (Libra's scoring refuses such rewards) with a reward of
+    1e39 or NaN: dropped as `bad_reward`, out of its group's statistics; before, with
+    `scale_rewards = "none"` its advantage did not fit a float32 tensor and the step
+    raised, and a NaN reward made its whole group's advantages NaN."""
+    cfg = GRPOConfig(scale_rewards="none")
+    records = [rec("g", 1e39), rec("g", float("nan")), rec("g", 1.0), rec("g", 0.0)]
+    p = prepare(records, version=3, cfg=cfg)
+    assert p.dropped == {"bad_reward": 2}
+    assert [s.advantage for s in p.samples] == pytest.approx([0.5, -0.5])
+    assert p.reward_mean == pytest.approx(0.5)
+    model.zero_grad(set_to_none=False)
+    stats = grpo.backward(model, p.samples, cfg)
+    assert stats.tokens == 8 and torch.isfinite(_grads(model)).all()
+
+
 def test_partition_balances_and_split_is_round_robin():
     rng = random.Random(0)
     samples = [Sample([1] * rng.randint(5, 60), 2, [1], [], 0.0, 0) for _ in range(40)]
@@ -327,3 +343,30 @@ def test_replica_update_divides_clips_and_skips_empty_updates(tmp_path):
     assert moved.abs().max() <= 0.05 * 1.0001 and moved.abs().max() > 0.04
     # the no-op update counts as an update but not as an Adam step (no bias-correction move)
     assert r.adam_step == 1 and all(float(r.optimizer.state[p]["step"]) == 1 for p in r.params)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_replica_skips_an_update_whose_gradient_is_not_finite(tmp_path, bad):
+    """One NaN or infinity in the summed gradient: the update is skipped (weights and
+    Adam's moments and step as they were, the update counted, the norm returned for the
+    driver to report); the next finite update applies. Before, the NaN reached every
+    weight through AdamW (and an infinity, clipped to 0 x inf, likewise)."""
+    from libra.trainer.config import TrainerConfig
+    from libra.trainer.replica import Replica, sumsq
+    from tests.integration.test_elastic_helpers import micro_model
+
+    folder = micro_model(tmp_path / "m")
+    r = Replica(TrainerConfig(model=str(folder), optim={"lr": 0.1}))
+    flat = torch.randn(r.grad_numel, generator=torch.Generator().manual_seed(0))
+    before = [t.clone() for t in r.state_tensors()]
+    poisoned = flat.clone()
+    poisoned[r.grad_numel // 2] = bad
+    norm = r.apply(poisoned, 10, sumsq(poisoned))
+    assert not math.isfinite(norm)
+    assert all(torch.equal(a, b) for a, b in zip(r.state_tensors(), before, strict=True))
+    assert r.updates == 1 and r.adam_step == 0
+    assert all(float(g.abs().sum()) == 0 for g, _, _ in r._grads())  # nothing carried over
+    assert math.isfinite(r.apply(flat, 10, sumsq(flat)))
+    after = r.state_tensors()
+    assert all(torch.isfinite(t).all() for t in after) and r.adam_step == 1
+    assert not torch.equal(after[0], before[0])
