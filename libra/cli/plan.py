@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, print_json, progress
+from libra.cli.common import add_json_flag, count, print_json, progress
 from libra.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
             "with the request lengths each serves, minimising the predicted iteration time."
         ),
     )
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the cluster")
+    p.add_argument("--gpus", type=count, required=True, help="GPUs in the cluster")
     p.add_argument(
         "--hardware",
         default="a800-80g",
@@ -43,11 +43,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     )
     p.add_argument(
         "--batch",
-        type=int,
+        type=count,
         default=None,
         help="prompts per step (default 64; for a trace: all of its episodes)",
     )
-    p.add_argument("--group", type=int, default=None, help="samples per prompt (default 16)")
+    p.add_argument("--group", type=count, default=None, help="samples per prompt (default 16)")
     p.add_argument("--step", type=int, default=0, help="training step of a generated workload")
     p.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
     p.add_argument(
@@ -65,7 +65,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         "--exhaustive", action="store_true", help="search without pruning (for verification)"
     )
     p.add_argument(
-        "--bins", type=int, default=None, help="length bins for the rollout assignment (default 32)"
+        "--bins",
+        type=count,
+        default=None,
+        help="length bins for the rollout assignment (default 32)",
     )
     add_json_flag(p)
     return p
@@ -105,12 +108,6 @@ def load_workload(spec: str, batch: int | None, group: int | None, step: int, se
 def run(args: argparse.Namespace) -> int:
     from libra.planner import PlannerSettings, calibrate_local, load_hardware, load_model, plan
 
-    if args.gpus < 1:
-        raise ConfigError(f"--gpus must be >= 1 (got {args.gpus})")
-    for flag in ("batch", "group", "bins"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{flag} must be >= 1 (got {value})")
     model = load_model(args.model)
     if args.hardware == "local":
         progress(f"calibrating this machine as {args.gpus} devices ...")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, print_json, progress, routing_options
+from libra.cli.common import add_json_flag, count, print_json, progress, routing_options
 from libra.errors import ConfigError
 
 
@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         help="qwen3-4b | qwen3-14b | qwen3-32b | qwen3-30b-a3b | a folder with config.json "
         "(default qwen3-14b)",
     )
-    p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    p.add_argument("--steps", type=count, default=100, help="training steps (default 100)")
     p.add_argument(
         "--systems",
         default="all",
@@ -55,14 +55,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
     p.add_argument(
         "--prompts",
-        type=int,
+        type=count,
         default=None,
         help="prompts per step (default 32 for search-r1, 16 otherwise)",
     )
-    p.add_argument("--group", type=int, default=16, help="samples per prompt (default 16)")
+    p.add_argument("--group", type=count, default=16, help="samples per prompt (default 16)")
     p.add_argument(
         "--staleness",
-        type=int,
+        type=count,
         default=1,
         help="asynchronous systems: steps an episode's weights may lag (default 1)",
     )
@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=count,
         default=None,
         help="worker processes simulating systems side by side (default: min(2, CPUs))",
     )
@@ -106,10 +106,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gpus < 2:
         raise ConfigError(f"--gpus must be >= 2: one to train, one to roll out (got {args.gpus})")
-    for flag in ("steps", "prompts", "group", "staleness", "jobs"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{flag} must be >= 1 (got {value})")
     if args.plot is not None and args.plot.exists() and not args.plot.is_dir():
         raise ConfigError(f"--plot {str(args.plot)!r} is a file; pass a directory")
     fields = ("workload", "gpus", "hardware", "model", "steps", "seed", "prompts", "group",

@@ -77,3 +77,12 @@ def test_bad_grid_flags_are_one_line_before_anything_runs(flags, message, capsys
     assert main(["bench", "sim-grid", *flags, "--seeds", "1", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"libra: error: {message}"), err
+
+
+def test_count_flags_take_integers_of_at_least_one(capsys):
+    for argv in (["--seeds", "0"], ["--steps", "-2"], ["--jobs", "two"]):
+        with pytest.raises(SystemExit) as ended:  # argparse's own exit, code 2
+            main(["bench", "sim-grid", *argv])
+        assert ended.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"libra: error: argument {argv[0]}: expected an integer >= 1")
