@@ -83,7 +83,7 @@ async def load_weights(
     checkpoint here (turn it off when the endpoint sees a filesystem this process does
     not)."""
     if check_local:
-        _check_folder(Path(path))
+        check_folder(Path(path))
     base = server_base(base_url)
     if kind == "embedded":
         body = {"path": path}
@@ -106,11 +106,29 @@ def server_base(url: str) -> str:
     return base[:-3] if base.endswith("/v1") else base
 
 
-def _check_folder(folder: Path) -> None:
+def not_a_checkpoint(folder: Path) -> str | None:
+    """What `folder` lacks to be a checkpoint `load_weights` can load, or None."""
+    if not folder.is_dir():
+        return "no such folder"
     if not (folder / "config.json").is_file():
-        raise ConfigError(f"{folder}: no config.json; load_weights needs a checkpoint folder")
+        return "no config.json"
     if not any(folder.glob("*.safetensors")):
-        raise ConfigError(f"{folder}: no *.safetensors weights to load")
+        return "no *.safetensors weights"
+    return None
 
 
-__all__ = ["EndpointKind", "load_weights", "post", "server_base"]
+def check_folder(folder: Path) -> None:
+    """A `ConfigError` naming what is missing unless `folder` holds a checkpoint."""
+    why = not_a_checkpoint(folder)
+    if why is not None:
+        raise ConfigError(f"{folder}: {why}; load_weights needs a checkpoint folder")
+
+
+__all__ = [
+    "EndpointKind",
+    "check_folder",
+    "load_weights",
+    "not_a_checkpoint",
+    "post",
+    "server_base",
+]

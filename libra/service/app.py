@@ -34,7 +34,13 @@ from libra.service.intake import parse_body, parse_submit
 from libra.service.manager import BatchManager
 from libra.service.metrics import render
 from libra.service.stream import episode_chunks, group_chunks
-from libra.service.weights import broadcast_all, sender_url, update_all, weights_folder
+from libra.service.weights import (
+    broadcast_all,
+    checkpoint_here,
+    sender_url,
+    update_all,
+    weights_folder,
+)
 
 log = logging.getLogger("libra.service")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -183,6 +189,8 @@ async def weights(request: web.Request) -> web.StreamResponse:
         weights_folder, req.path, cfg.weights_dirs, exposed=exposed,
         local=cfg.check_weights_locally,
     )  # fmt: skip
+    if cfg.check_weights_locally:
+        await asyncio.to_thread(checkpoint_here, req.path, folder)
     async with request.app[WATCH].lock:
         results = await update_all(request.app[POOL], cfg.endpoint_kind, req.version, folder,
                                    check_local=cfg.check_weights_locally)  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
@@ -61,6 +62,19 @@ def weights_folder(path: str, dirs: Sequence[str], *, exposed: bool, local: bool
                                     f"{list(dirs)}: publish checkpoints inside one of them "
                                     "or add its folder to weights_dirs")  # fmt: skip
     return candidates[-1][0]
+
+
+def checkpoint_here(path: str, folder: str) -> None:
+    """A 400 naming what is missing unless `folder` (a request's `path`, checked by
+    `weights_folder`) holds a checkpoint: asked before any endpoint is touched, where
+    the service sees the endpoints' filesystem (`check_weights_locally`)."""
+    from libra.engine.weights import not_a_checkpoint
+
+    why = not_a_checkpoint(Path(folder))
+    if why is not None:
+        raise RequestError(400, f"path {path!r} is not a checkpoint ({why}): give a folder "
+                                "with config.json and *.safetensors, as save_pretrained "
+                                "writes it; no endpoint was touched")  # fmt: skip
 
 
 async def detect_kind(session: aiohttp.ClientSession, url: str) -> Kind:
@@ -177,4 +191,11 @@ async def broadcast_all(
     return out
 
 
-__all__ = ["broadcast_all", "detect_kind", "sender_url", "update_all", "weights_folder"]
+__all__ = [
+    "broadcast_all",
+    "checkpoint_here",
+    "detect_kind",
+    "sender_url",
+    "update_all",
+    "weights_folder",
+]

@@ -1,6 +1,7 @@
 """`POST /v1/weights` against the embedded engine the service launches itself: the
 checkpoint is loaded, later turns and batches carry the new version, generations change;
-a failed load leaves versions alone and says why (502)."""
+a folder that is not a checkpoint is refused before any endpoint is touched (400)
+and leaves versions alone."""
 
 from __future__ import annotations
 
@@ -60,9 +61,13 @@ async def test_weight_update_reaches_the_engine_and_stamps_later_turns(
         first = {r.task_id: r.response_token_ids for r in before}
         assert any(first[r.task_id] != r.response_token_ids for r in after)
 
-        with pytest.raises(ServiceError, match="HTTP 502") as err:
+        with pytest.raises(ServiceError, match="HTTP 400") as err:  # before any endpoint
             await c.update_weights(4, str(tmp_path / "no-such-checkpoint"))
-        assert "did not load it" in str(err.value)
+        assert "is not a checkpoint (no such folder)" in str(err.value)
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(ServiceError, match="HTTP 400") as err:
+            await c.update_weights(4, str(tmp_path / "empty"))
+        assert "is not a checkpoint (no config.json)" in str(err.value)
         again = [r async for r in c.trajectories(await c.submit("arith", tasks[:1]))]
         assert {t.policy_version for r in again for t in r.turns} == {3}
 

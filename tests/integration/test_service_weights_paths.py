@@ -35,7 +35,14 @@ def test_weight_paths_outside_weights_dirs_are_refused(
                 with pytest.raises(ServiceError) as err:
                     c.update_weights(1, path)
                 assert err.value.status == 403 and why in str(err.value), (path, err.value)
-            # Inside: past the check, on to the endpoint (the fake one cannot load it).
+            # Inside: past the check, on to the next: no checkpoint there (400) ...
+            with pytest.raises(ServiceError) as err:
+                c.update_weights(1, str(ckpts / "step-1"))
+            assert err.value.status == 400 and "is not a checkpoint" in str(err.value)
+            # ... and with one, on to the endpoint (the fake one cannot load it: 502).
+            (ckpts / "step-1").mkdir()
+            for name in ("config.json", "model.safetensors"):
+                (ckpts / "step-1" / name).write_bytes((tiny_model / name).read_bytes())
             with pytest.raises(ServiceError) as err:
                 c.update_weights(1, str(ckpts / "step-1"))
             assert err.value.status == 502 and "did not load it" in str(err.value)
