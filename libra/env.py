@@ -25,6 +25,25 @@ from typing import Any, ClassVar
 from libra.tooling import Context, Tool
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+"""The answer tags; `last_answer` finds the last pair the way `ANSWER_RE.findall` does,
+in linear time."""
+
+_OPEN, _CLOSE = "<answer>", "</answer>"
+
+
+def last_answer(text: str) -> str | None:
+    """The text of the last `<answer>...</answer>` pair (the last of
+    `ANSWER_RE.findall(text)`, stripped), or None. It runs on the event loop at every
+    model turn, and the regex is quadratic on a turn of unclosed `<answer>` tags (a
+    degenerate policy's 128,000 characters of them: 10 s); a scan with `str.find` is
+    linear."""
+    found, at = None, 0
+    while (start := text.find(_OPEN, at)) >= 0:
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            break
+        found, at = text[start + len(_OPEN) : end], end + len(_CLOSE)
+    return None if found is None else found.strip()
 
 
 class Env:
@@ -78,8 +97,7 @@ class Env:
 
     def parse_answer(self, text: str) -> str | None:
         """The final answer in a model turn's text, or None (default: last `<answer>`)."""
-        found = ANSWER_RE.findall(text)
-        return found[-1].strip() if found else None
+        return last_answer(text)
 
     @classmethod
     def default_tasks(cls) -> Path | None:
@@ -90,9 +108,14 @@ class Env:
         return base / cls.tasks_file
 
 
+def overrides(env: Env, hook: str) -> bool:
+    """Whether `env` has its own `hook`, not Env's."""
+    return hook in vars(env) or getattr(type(env), hook) is not getattr(Env, hook)
+
+
 def reward_wants_context(env: Env) -> bool:
     params = inspect.signature(env.reward).parameters
     return len(params) >= 3
 
 
-__all__ = ["ANSWER_RE", "Env", "reward_wants_context"]
+__all__ = ["ANSWER_RE", "Env", "last_answer", "overrides", "reward_wants_context"]

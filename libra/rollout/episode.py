@@ -32,7 +32,7 @@ from libra import usercode
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import BucketDown, EndpointPool, Served
-from libra.env import Env, reward_wants_context
+from libra.env import Env, overrides, reward_wants_context
 from libra.errors import EndpointError
 from libra.record import Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.config import LimitsConfig
@@ -175,8 +175,9 @@ class EpisodeRunner:
         self._reward_ctx = reward_wants_context(env)
         # Env's own setup and teardown do nothing: an env that keeps them is spared two
         # user-code hand-offs (a task each) per episode.
-        self._setup = _overrides(env, "setup")
-        self._teardown_hook = _overrides(env, "teardown")
+        self._setup = overrides(env, "setup")
+        self._teardown_hook = overrides(env, "teardown")
+        self._own_parse = overrides(env, "parse_answer")
         # Turn ends: the end-of-turn token(s), plus env stop strings; a stop string that
         # is one token goes in stop_token_ids (vLLM matches stop strings on decoded text
         # only, which misses special tokens).
@@ -290,12 +291,8 @@ class EpisodeRunner:
             served, finish = await self._model_turn(st, turn_idx)
             async with self._cpu:
                 turn, content, closed = self._close_turn(st, start, served, finish)
-                answer = self.env.parse_answer(content)
-                if answer is not None and not isinstance(answer, str):
-                    raise TypeError(
-                        f"env.parse_answer returned a {type(answer).__name__}; "
-                        "return the answer's text or None"
-                    )
+            answer = await self._answer(content)
+            async with self._cpu:
                 calls = [] if answer is not None else self.parser.parse(content)
             if answer is not None:
                 st.answer = answer
@@ -319,6 +316,25 @@ class EpisodeRunner:
                 await self._append_tools(st, turn, outcomes, schemas, closed)
                 self._route(st, turn_idx + 1)
         raise _Ended("truncated", f"reached max_turns={self.max_turns}")
+
+    async def _answer(self, content: str) -> str | None:
+        """The env's answer in a turn's text. Libra's own parser runs here (linear in the
+        text); an env's own `parse_answer` is user code, so it runs in a worker thread
+        under the turn's limit, off the event loop."""
+        if not self._own_parse:
+            return self.env.parse_answer(content)
+        try:
+            answer = await usercode.call(self.env.parse_answer, content,
+                                         limit_s=self.limits.turn_timeout_s,
+                                         what="env.parse_answer")  # fmt: skip
+        except usercode.LimitExceeded as e:
+            raise _Ended("error", str(e)) from None
+        if answer is not None and not isinstance(answer, str):
+            raise TypeError(
+                f"env.parse_answer returned a {type(answer).__name__}; "
+                "return the answer's text or None"
+            )
+        return answer
 
     def _close_turn(
         self, st: _State, start: int, served: Served, finish: str | None
@@ -494,11 +510,6 @@ class EpisodeRunner:
             await usercode.call(self.env.teardown, ctx, limit_s=60, what="env.teardown")
         except Exception:
             log.warning("teardown of episode %s failed", ctx.episode_id, exc_info=True)
-
-
-def _overrides(env: Env, hook: str) -> bool:
-    """Whether `env` has its own `hook`, not Env's (which does nothing)."""
-    return hook in vars(env) or getattr(type(env), hook) is not getattr(Env, hook)
 
 
 # For libra.train.demos, which scores expert demonstrations itself.

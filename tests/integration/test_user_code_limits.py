@@ -82,7 +82,13 @@ class Faulty(libra.Env):
         return [calculator]
 
     async def setup(self, ctx: libra.Context) -> None:
-        ctx.state["loop"] = asyncio.get_running_loop()
+        ctx.state["loop"] = self.loop = asyncio.get_running_loop()
+
+    def parse_answer(self, text: str) -> str | None:
+        # A blocking parser: its answer only if the loop ran a callback while it waited
+        # (it ran on the loop before: every turn blocked it, for 5 s here).
+        answer = super().parse_answer(text)
+        return answer if answer is None or loop_answers(self.loop) else "blocked"
 
     def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"role": "user", "content": "What is 2 + 3?"}]
@@ -129,7 +135,8 @@ async def test_faulty_user_code_is_data_and_limits_hold(
     recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, MODES)
     tok = ChatTokenizer(tiny_model)
     returns = {m: r.turns[0].tool_returns[0] for m, r in recs.items()}
-    # Blocking hooks and tools ran beside the loop, which kept running.
+    # Blocking hooks, tools and the env's answer parser ran beside the loop, which kept
+    # running.
     for mode in ("plain", "sync"):
         assert recs[mode].status == "ok" and recs[mode].reward == 1.0, recs[mode].error
         assert returns[mode].status == "ok" and recs[mode].answer == "5"
