@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 EpisodeStatus = Literal["ok", "error", "timeout", "truncated", "aborted"]
 ToolStatus = Literal["ok", "error", "timeout"]
 
+ENDPOINT_ERROR = "endpoint: "
+"""How a record's `error` starts when an inference endpoint failed the episode."""
+
 REWARD_LIMIT = 1e38
 """The largest reward magnitude a record may carry. The trainer computes in float32
 (at most 3.4e38), and an advantage can be the difference of two rewards."""
@@ -195,6 +198,7 @@ def json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "ENDPOINT_ERROR",
     "REWARD_LIMIT",
     "EpisodeStatus",
     "Migration",

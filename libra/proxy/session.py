@@ -41,7 +41,7 @@ from libra.jsonlimits import MAX_DEPTH, deeper_than
 from libra.proxy import messages as m
 from libra.proxy.protocol import ChatRequest, ProxyError, Reply, bad_request
 from libra.proxy.turns import ContextFull, Placement, Seg, Shared
-from libra.record import Segment, Timings, ToolCall, ToolReturn, Trajectory, Turn
+from libra.record import ENDPOINT_ERROR, Segment, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.episode import EpisodeSpec
 from libra.rollout.offload import text_size
 from libra.routing.base import Decision, EpisodeState, ToolState
@@ -129,7 +129,7 @@ class Session:
             self._end("timeout", f"model turn exceeded {limit:g} s", 504, "turn_timeout")
         except EndpointError as e:
             self._cut(start)
-            self._end("error", f"endpoint: {e}", 502, "endpoint_error", "api_error")
+            self._end("error", f"{ENDPOINT_ERROR}{e}", 502, "endpoint_error", "api_error")
         except Exception as e:
             log.debug("episode %s: request failed", self.spec.id, exc_info=True)
             self._cut(start)

@@ -34,7 +34,7 @@ from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import BucketDown, EndpointPool, Served
 from libra.env import Env, overrides, reward_wants_context
 from libra.errors import EndpointError
-from libra.record import Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
+from libra.record import ENDPOINT_ERROR, Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.config import LimitsConfig
 from libra.rollout.deadlines import Deadlines
 from libra.rollout.offload import offload, text_size
@@ -246,7 +246,7 @@ class EpisodeRunner:
         except TimeoutError:
             status, error = "timeout", f"episode exceeded {self.limits.episode_timeout_s:g} s"
         except EndpointError as e:
-            status, error = "error", f"endpoint: {e}"
+            status, error = "error", f"{ENDPOINT_ERROR}{e}"
         except Exception as e:  # a bad rollout is data, not a crash
             log.debug("episode %s failed", spec.id, exc_info=True)
             status, error = "error", f"{type(e).__name__}: {e}"

@@ -26,7 +26,7 @@ from libra.chat import ChatTokenizer
 from libra.cluster.engines import EngineLauncher
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
-from libra.errors import ConfigError, EndpointDown, TrainerError
+from libra.errors import ConfigError, EndpointDown, EnvError, TrainerError
 from libra.rollout.batch import Runner
 from libra.rollout.layouts import adapt_tasks
 from libra.rollout.run import episode_runner, load_env, make_policy
@@ -130,7 +130,7 @@ class Run:
                                          name="libra-engine-watch")  # fmt: skip
                 outcome = await self.loop.run()
                 watcher.cancel()
-        except* (EndpointDown, TrainerError) as group:  # one line, not a group
+        except* (EndpointDown, EnvError, TrainerError) as group:  # one line, not a group
             raise _first(group) from None
         ckpt = self.checkpointer
         if self.loop.checkpointed != self.trainer.version or not ckpt.path.is_dir():
@@ -306,7 +306,8 @@ async def build_run(
         ckpt = Checkpointer(out, trainer, fleet, policy, stream, replanner, state, report)
         loop = Loop(
             steps=cfg.steps, checkpoint_every=cfg.report.checkpoint_every,
-            max_skipped=cfg.trainer.max_skipped_updates, rollouts=rollouts,
+            max_skipped=cfg.trainer.max_skipped_updates,
+            max_failed=cfg.rollout.max_failed_steps, rollouts=rollouts,
             trainer=trainer, weights=weights, reconfig=reconfig, validation=validation,
             telemetry=telemetry, state=state, checkpoint=ckpt.save,
             roles=fleet.by_role, on_lost=lambda lost: fleet.replace_lost(lost, report.event),

@@ -113,6 +113,9 @@ class RolloutSection(Config):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+    max_failed_steps: int = Field(3, ge=1)
+    """Steps in a row in which every training episode ended `error` (nothing to learn:
+    a broken reward, tool or sandbox) stop the run, naming the most common error."""
 
 
 class SFTSection(Config):

@@ -115,6 +115,7 @@ def step_line(row: dict[str, Any]) -> str:
         f"tok/s {row['tokens_per_s']:,.0f}  "
         f"roles {roles.get('rollout', 0)}R/{roles.get('train', 0)}T  "
         f"dropped {row.get('groups_dropped', 0)}  {row['step_s']:.1f}s"
+        + (f"  errors {row['errors']}/{row['episodes']}" if row.get("errors") else "")
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,8 @@ class Tally:
     total_tokens: int = 0
     migrations: int = 0
     not_ok: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    """Episodes that ended `error`, by reason (its first 120 characters)."""
     dropped: int = 0
     kept_equal: int = 0
     busy_s: float = 0.0
@@ -88,6 +91,8 @@ class Tally:
             self.total_tokens += r.total_tokens
             self.migrations += len(r.migrations)
             self.not_ok += r.status != "ok"
+            if r.status == "error":
+                self.errors[(r.error or "no reason given")[:120]] += 1
 
     @property
     def reward(self) -> float | None:

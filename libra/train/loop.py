@@ -31,12 +31,13 @@ from typing import Any
 
 from libra.errors import TrainerError, WeightsNotDelivered
 from libra.train.display import Display, View
+from libra.train.groups import Tally
+from libra.train.guards import FailedSteps, SkippedUpdates
 from libra.train.handle import TrainerHandle
 from libra.train.metrics import StepTimes, step_row
 from libra.train.reconfig import Reconfigurer
 from libra.train.report import Report
 from libra.train.rollouts import Rollouts
-from libra.train.skips import SkippedUpdates
 from libra.train.state import LoopState
 from libra.train.validation import Validation
 from libra.trainer.report import StepReport
@@ -60,6 +61,7 @@ class Loop:
         steps: int,
         checkpoint_every: int,
         max_skipped: int,
+        max_failed: int,
         rollouts: Rollouts,
         trainer: TrainerHandle,
         weights: WeightSync,
@@ -73,6 +75,7 @@ class Loop:
     ):
         self.steps, self.checkpoint_every = steps, checkpoint_every
         self.skipped = SkippedUpdates(max_skipped)
+        self.failed = FailedSteps(max_failed)
         self.rollouts, self.trainer, self.weights = rollouts, trainer, weights
         self.reconfig, self.validation = reconfig, validation
         self.report, self.display, self.view = telemetry.report, telemetry.display, telemetry.view
@@ -151,6 +154,7 @@ class Loop:
             self._update_view(row)
             self.reconfig.after_step(row, records, finished, self._tg)
             self._check_update(rep)
+            self._check_failures(rep.version, tally)
             if self.validation is not None and self.validation.due(rep.version):
                 self._start_validation(rep.version)
             if rep.version % self.checkpoint_every == 0 or self.stopping:
@@ -168,10 +172,23 @@ class Loop:
         self.report.event("update-skipped", step=rep.version, grad_norm=str(rep.grad_norm),
                           in_a_row=n)  # fmt: skip
         self.view.note = self.skipped.note(rep.version, rep.grad_norm)
+        self.display.line(f"  {self.view.note}")
         if self.skipped.stop:
             self.report.event("diverged", steps=self.skipped.steps,
                               checkpoint_step=self.checkpointed)  # fmt: skip
             raise self.skipped.error(self.checkpointed)
+
+    def _check_failures(self, step: int, tally: Tally) -> None:
+        """Report a step whose episodes all ended `error`; stop at `max_failed` in a row."""
+        n = self.failed.after_step(step, tally.episodes, tally.errors)
+        if not n:
+            return
+        self.report.event("all-episodes-failed", step=step, episodes=tally.episodes,
+                          errors=dict(tally.errors.most_common(3)), in_a_row=n)  # fmt: skip
+        self.view.note = self.failed.note(step, tally.errors)
+        self.display.line(f"  {self.view.note}")
+        if self.failed.stop:
+            raise self.failed.error(self.checkpointed)
 
     async def _stopped(self, e: TrainerError) -> TrainerError:
         """The run cannot go on without a core replica: one line naming it (and its

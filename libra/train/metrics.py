@@ -67,6 +67,8 @@ def step_row(
         "rollout_s": busy_s * per_batch,
         "episodes": tally.episodes,
         "not_ok": tally.not_ok,
+        "errors": sum(tally.errors.values()),
+        "error_reasons": dict(tally.errors.most_common(3)),
         "groups": len(batch),
         "groups_dropped": tally.dropped,
         "groups_kept_equal": tally.kept_equal,

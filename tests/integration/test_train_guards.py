@@ -1,0 +1,84 @@
+"""`libra train` stops, in one line, a run that cannot learn: here an env whose reward
+returns a dict without `reward` (every episode `error`). Before, the run trained on
+nothing to its last step and exited 0, its display saying only `reward 0.000`. A real
+run on loopback: embedded engine, trainer, the `arith` env subclassed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import ROOT
+
+ENV = """
+from envs.arith import Arith
+
+
+class NoRewardKey(Arith):
+    async def reward(self, task, trajectory):
+        return {"score": 1.0}  # a common mistake: the dict needs 'reward'
+"""
+
+CONFIG = f"""
+out = "{{out}}"
+seed = 1
+steps = 20
+
+[model]
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 2
+max_position_embeddings = 1024
+
+[data]
+env = "{{env}}:NoRewardKey"
+train = "{ROOT}/examples/data/arith-train.jsonl"
+
+[rollout]
+group_size = 4
+batch_groups = 2
+concurrency = 16
+
+[rollout.sampling]
+max_tokens = 16
+
+[sft]
+steps = 0
+
+[fleet]
+hybrids = 0
+
+[report]
+display = "lines"
+plots = false
+checkpoint_every = 2
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_episodes_all_fail_stops_naming_the_error(tmp_path: Path) -> None:
+    env = tmp_path / "broken_env.py"
+    env.write_text(ENV)
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(CONFIG.format(out=tmp_path / "run", env=env))
+    done = subprocess.run([sys.executable, "-m", "libra", "train", str(cfg)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=280, check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("libra: error: every episode of steps 1, 2, 3 ended error"), last
+    assert "\"reward: the returned dict has no 'reward' key\"" in last
+    assert "resumes from its checkpoint at step 2" in last
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("every episode ended error, nothing to learn from") == 3
+    events = [
+        orjson.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_bytes().splitlines()
+    ]
+    failed = [e for e in events if e["event"] == "all-episodes-failed"]
+    assert [e["step"] for e in failed] == [1, 2, 3]
+    assert all(e["episodes"] > 0 and sum(e["errors"].values()) == e["episodes"] for e in failed)
