@@ -34,9 +34,11 @@ from libra.errors import ConfigError
 from libra.train.config import TrainConfig
 from libra.train.planning import SwitchCosts
 
-RESUME_FREE = ("steps", "report", "out", "weights", "rollout.workers")
+RESUME_FREE = ("steps", "report", "out", "weights", "rollout.workers",
+               "rollout.max_failed_steps", "trainer.max_skipped_updates")  # fmt: skip
 """Config keys a resumed run may change (`weights`: how versions travel;
-`rollout.workers`: how many processes run the episodes)."""
+`rollout.workers`: how many processes run the episodes; the two limits that stop a run
+that cannot learn, `libra.train.guards`, which a stopped run's message names)."""
 
 
 @dataclass(slots=True)

@@ -60,7 +60,8 @@ def test_a_finished_run_says_nothing_ran_and_exits_3(tmp_path: Path) -> None:
 def test_a_run_resumes_across_a_new_option_and_another_worker_count(tmp_path: Path) -> None:
     """A run folder written before an option existed (its config.json lacks the key)
     resumes with the option at its default; `rollout.workers` may change on resume
-    (how many processes run episodes); another group size may not."""
+    (how many processes run episodes), and so may the limits that stop a run that cannot
+    learn; another group size may not."""
     import pytest
 
     from libra.errors import ConfigError
@@ -73,6 +74,10 @@ def test_a_run_resumes_across_a_new_option_and_another_worker_count(tmp_path: Pa
     more = load_config(ROOT / CONFIG, {"out": str(out), "rollout.workers": 3})
     _, state = prepare_out(more, fresh=False)
     assert state is not None and state["version"] == more.steps  # resumed, not replaced
+    # the limits a run stopped by `libra.train.guards` names, raised to go on
+    limits = {"rollout.max_failed_steps": 9, "trainer.max_skipped_updates": 9}
+    _, state = prepare_out(load_config(ROOT / CONFIG, {"out": str(out), **limits}), fresh=False)
+    assert state is not None and state["version"] == more.steps
     other = load_config(ROOT / CONFIG, {"out": str(out), "rollout.group_size": 3})
     with pytest.raises(ConfigError, match=r"\(rollout differ\)"):
         prepare_out(other, fresh=False)
