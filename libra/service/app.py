@@ -227,7 +227,12 @@ async def _weights_done(
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:
-    return _json({"status": "ok"})
+    """Alive: 200. `degraded` while finished records cannot be written (a full disk):
+    streams go on, no episode starts and submits are refused (507) until they are."""
+    error = request.app[MANAGER].write_error
+    if error is None:
+        return _json({"status": "ok"})
+    return _json({"status": "degraded", "spool": error})
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:

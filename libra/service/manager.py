@@ -47,7 +47,7 @@ from libra.service.envs import EnvHost
 from libra.service.errors import RequestError
 from libra.service.fair import FairQueue
 from libra.service.metrics import Metrics
-from libra.service.spool import Spool, Syncer, write_json_atomic
+from libra.service.spool import RETRY_S, Spool, Syncer, write_json_atomic
 
 log = logging.getLogger("libra.service")
 
@@ -95,6 +95,13 @@ class BatchManager:
         self._terminal: set[str] = set()
         """Finished batches on disk, loaded when first asked for."""
         self._slots = asyncio.Semaphore(config.concurrency)
+        self.write_error: str | None = None
+        """Why finished records cannot be written to the spool (the disk is full), while
+        some wait in memory; None when every record is written."""
+        self._unwritten: set[Batch] = set()
+        self._writable = asyncio.Event()
+        """Set while the spool takes records: admission waits on it."""
+        self._writable.set()
         self._work = asyncio.Event()
         self._submit_lock = asyncio.Lock()
         self._tg: asyncio.TaskGroup | None = None
@@ -111,6 +118,9 @@ class BatchManager:
                     self._check_complete(b)
         finally:
             self._tg = None
+            if lost := sum(len(b.spool.pending) for b in self._unwritten):
+                log.error("stopping with %d finished records not written (%s); their "
+                          "episodes run again after a restart", lost, self.write_error)  # fmt: skip
             for b in list(self.batches.values()):
                 await self._stop_runner(b)
             for b in self.batches.values():
@@ -242,6 +252,8 @@ class BatchManager:
         """Create the batch (stored before this returns), or return the one with this
         id when the request is the same (idempotent); 409 when it differs."""
         async with self._submit_lock:
+            if self.write_error is not None:
+                raise RequestError(507, self._full_message())
             digest = await asyncio.to_thread(submit_digest, req)
             batch_id = req.batch_id or uuid.uuid4().hex[:16]
             if self.known(batch_id):
@@ -284,7 +296,12 @@ class BatchManager:
                 "created": time.time(),
             }
             prompt = None if isinstance(env, AgentEnv) else env.prompt
-            made = await asyncio.to_thread(self._make, doc, prompt, env.task_fields)
+            try:
+                made = await asyncio.to_thread(self._make, doc, prompt, env.task_fields)
+            except OSError as e:
+                raise RequestError(507, f"the batch cannot be stored under {self.root}: "
+                                        f"{e.strerror or e}; free space there and submit "
+                                        "it again") from None  # fmt: skip
             batch = self._open(doc, "running", made)
             batch.queued_since = self.clock()
             self.fair.push(batch.id, batch.specs, req.weight)
@@ -355,6 +372,8 @@ class BatchManager:
     # --- episodes ----------------------------------------------------------------------
     async def _admit(self, tg: asyncio.TaskGroup) -> None:
         while True:
+            if not self._writable.is_set():  # finished records wait in memory: no more
+                await self._writable.wait()
             await self._slots.acquire()
             while (item := self.fair.pop()) is None:
                 self._work.clear()
@@ -420,6 +439,8 @@ class BatchManager:
             else:
                 fresh.append(record)
         fresh = batch.spool.extend(fresh)  # a record that cannot be written: an error one
+        if batch.spool.pending:
+            self._cannot_write(batch)
         self.syncer.touched(batch.spool)
         # With workers, theirs route and learn (each from every record: `WorkerPool`).
         learns = batch.runnable and self.workers is None
@@ -433,6 +454,40 @@ class BatchManager:
                     log.exception("routing policy failed to learn from %s", record.id)
         self._check_complete(batch)
 
+    def _cannot_write(self, batch: Batch) -> None:
+        """`batch`'s spool holds records it could not write: stop admitting, say why,
+        and retry every `RETRY_S` until every spool takes its records."""
+        self.write_error = batch.spool.write_error
+        if not self._unwritten:
+            log.error("%s; finished records wait in memory and no episode starts until "
+                      "they are written (tried every %g s)", self.write_error, RETRY_S)  # fmt: skip
+            self._writable.clear()
+            if self._tg is not None:
+                self._tg.create_task(self._retry_writes(), name="libra-spool-retry")
+        self._unwritten.add(batch)
+
+    async def _retry_writes(self) -> None:
+        while self._unwritten:
+            await asyncio.sleep(RETRY_S)
+            for b in list(self._unwritten):
+                if b.spool.retry():
+                    self._unwritten.discard(b)
+                    self.syncer.touched(b.spool)
+                    self._check_complete(b)
+                else:
+                    self.write_error = b.spool.write_error
+        log.warning("the spool takes records again; admission resumes")
+        self.write_error = None
+        self._writable.set()
+
+    def _full_message(self) -> str:
+        waiting = sum(len(b.spool.pending) for b in self._unwritten)
+        return (
+            f"the spool cannot be written ({self.write_error}): free space under "
+            f"{self.root}. {waiting} finished records wait in memory and are written as "
+            "soon as it can; until then no episode starts and no batch is taken"
+        )
+
     def _check_complete(self, batch: Batch) -> None:
         if batch.complete and not batch.completing and self._tg is not None:
             batch.completing = True
@@ -443,7 +498,14 @@ class BatchManager:
         if batch.state == "running":
             batch.state = "done"
         state = {"state": batch.state, "complete": True}
-        await asyncio.to_thread(write_json_atomic, batch.spool.folder / "state.json", state)
+        path = batch.spool.folder / "state.json"
+        while True:  # a full disk: the batch completes once it can say so
+            try:
+                await asyncio.to_thread(write_json_atomic, path, state)
+                break
+            except OSError as e:
+                log.warning("cannot write %s: %s; tried again in %g s", path, e, RETRY_S)
+                await asyncio.sleep(RETRY_S)
         batch.spool.close()
         if batch.tasks:  # cancelled episodes recorded themselves and are still unwinding
             await asyncio.wait(list(batch.tasks.values()))

@@ -11,11 +11,19 @@ read visible lines back from the file (`os.pread`), so a slow reader holds a fil
 offset, not memory, and never delays an episode. A restarted service re-opens the file:
 a torn last line (a crash mid-write) is cut off; any other bad line is corruption and
 stops the service with the file and line named.
+
+A write that fails (no space left on the device, an I/O error) leaves the file as it
+was (a partly written tail is cut off again) and the records *pending*, in memory, in
+order; `retry` writes them, and nothing later is written before them. The manager
+stops admitting episodes meanwhile and retries (`BatchManager`): the episodes finished
+while the disk was full are not lost, and the service keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -27,6 +35,11 @@ import orjson
 from libra.errors import LibraError
 from libra.record import Trajectory
 from libra.rollout.wire import RawRecord, serialized
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 2.0
+"""How long a failed spool write or fsync waits before it is tried again."""
 
 
 class SpoolCorrupt(LibraError):
@@ -71,9 +84,15 @@ class Spool:
         self.visible = 0
         self.synced = 0
         self.closed = False
+        self.pending: list[tuple[Trajectory | RawRecord, bytes]] = []
+        """Records (and their lines) given to `extend` that could not be written yet."""
+        self.write_error: str | None = None
+        """Why the last write failed, while records are pending."""
+        self._torn = False
+        """A failed write may have left part of a line that could not be cut off yet."""
         self._changed = asyncio.Event()
         self._recover()
-        self._w = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._w: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._r = os.open(self.path, os.O_RDONLY)
         self.visible = self.synced = len(self.ends)
 
@@ -90,33 +109,59 @@ class Spool:
     def extend(self, records: Sequence[Trajectory | RawRecord]) -> list[Trajectory | RawRecord]:
         """Append `records` in order with the next seqs, in one write (a `RawRecord`,
         from a rollout worker, is written as it came with its seq spliced in). A record
-        that cannot be written (lists and objects nested deeper than pydantic and orjson
-        write, about 254 levels) is replaced by an `error` record of the same
+        that cannot be serialized (lists and objects nested deeper than pydantic and
+        orjson write, about 254 levels) is replaced by an `error` record of the same
         episode saying why, so the episode is accounted for and the service goes on.
-        Returns the records written (`libra.rollout.wire.serialized`)."""
-        written: list[Trajectory | RawRecord] = []
-        lines = []
+        Returns the records taken (`libra.rollout.wire.serialized`): written, or pending
+        when the write failed (`write_error` says why; `retry` writes them)."""
+        taken: list[Trajectory | RawRecord] = []
+        first = len(self.ends) + len(self.pending)
         for k, given in enumerate(records):
             if given.id in self.ids:
                 raise ValueError(f"episode {given.id} already has a record in {self.path}")
-            given.seq = len(self.ends) + k
+            given.seq = first + k
             record, line = serialized(given)
-            written.append(record)
-            lines.append(line + b"\n")
-        if not written:
-            return written
-        self._w.write(b"".join(lines))
-        self._w.flush()
-        for record, line in zip(written, lines, strict=True):
+            taken.append(record)
+            self.pending.append((record, line + b"\n"))
+        for record in taken:
+            self.ids[record.id] = record.seq
+        if taken:
+            self.retry()
+        return taken
+
+    def retry(self) -> bool:
+        """Write the pending records in one write; True when none is left pending. On a
+        failure the file is cut back to its last whole record (at the next try if the
+        cut failed too) and `write_error` says why."""
+        if not self.pending:
+            return True
+        assert self._w is not None, "a closed spool takes no records"
+        good = self.ends[-1] if self.ends else 0
+        try:
+            if self._torn:
+                os.ftruncate(self._w, good)
+                self._torn = False
+            _write_all(self._w, b"".join(line for _, line in self.pending))
+        except OSError as e:
+            self._torn = True
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._w, good)
+                self._torn = False
+            self.write_error = f"cannot write {self.path}: {e.strerror or e}"
+            return False
+        for record, line in self.pending:
             self._index(record.seq, record.id, record.group_id, record.status, len(line))
+        self.pending.clear()
+        self.write_error = None
         if not self.durable_publish:
             self.publish(len(self.ends))
-        return written
+        return True
 
     def sync(self) -> int:
         """fsync the file (blocking: call it in a thread); returns the records covered."""
         n = self.written
-        os.fsync(self._w.fileno())
+        if self._w is not None:
+            os.fsync(self._w)
         return n
 
     def publish(self, n: int) -> None:
@@ -127,8 +172,9 @@ class Spool:
 
     def close(self) -> None:
         """No more records: streams end once they have sent everything visible."""
-        if not self._w.closed:
-            self._w.close()
+        if self._w is not None:
+            os.close(self._w)
+            self._w = None
         self.closed = True
         self._wake()
 
@@ -201,6 +247,12 @@ class Spool:
                 os.fsync(f.fileno())
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class Syncer:
     """Makes appended records visible under the fsync policy; one task for all spools.
 
@@ -229,29 +281,40 @@ class Syncer:
             await self.flush()
 
     async def flush(self) -> None:
-        """fsync every dirty spool now and publish what the fsyncs covered."""
+        """fsync every dirty spool now and publish what the fsyncs covered. A spool
+        whose fsync failed stays dirty and is tried again `RETRY_S` later."""
         async with self._lock:
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
             for spool in dirty:
-                await self._sync(spool)
+                if not await self._sync(spool):
+                    self._dirty.add(spool)
+            if self._dirty:
+                asyncio.get_running_loop().call_later(RETRY_S, self._wake.set)
 
     async def settle(self, spool: Spool) -> None:
-        """Before closing a spool: everything written is synced (unless `never`) and
-        visible."""
+        """Before closing a spool: everything written is synced (unless `never`, and
+        tried again until an fsync succeeds) and visible."""
         async with self._lock:
             self._dirty.discard(spool)
-            if self.policy != "never":
-                await self._sync(spool)
+            # a disk to recover, with no event to wait on: poll it
+            while self.policy != "never" and not await self._sync(spool):  # noqa: ASYNC110
+                await asyncio.sleep(RETRY_S)
             spool.publish(spool.written)
 
     @staticmethod
-    async def _sync(spool: Spool) -> None:
+    async def _sync(spool: Spool) -> bool:
+        """fsync `spool` and publish what it covered; False when the fsync failed."""
         if spool.closed or spool.synced == spool.written:
-            return
-        n = await asyncio.to_thread(spool.sync)
+            return True
+        try:
+            n = await asyncio.to_thread(spool.sync)
+        except OSError as e:
+            log.warning("fsync of %s failed: %s; tried again in %g s", spool.path, e, RETRY_S)
+            return False
         spool.synced = n
         spool.publish(n)
+        return True
 
 
-__all__ = ["Spool", "SpoolCorrupt", "Syncer", "fsync_dir", "write_json_atomic"]
+__all__ = ["RETRY_S", "Spool", "SpoolCorrupt", "Syncer", "fsync_dir", "write_json_atomic"]

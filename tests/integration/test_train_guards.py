@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import ROOT
 
 ENV = """
-from envs.arith import Arith
+from libra.envs.arith import Arith
 
 
 class NoRewardKey(Arith):

@@ -133,3 +133,38 @@ def test_a_record_that_cannot_be_written_becomes_an_error_record_and_the_spool_g
     assert sp.group_done == [(1, "b/t0")]  # its group completes: the episode is accounted for
     sp.append(rec(3))
     assert sp.written == 4
+
+
+def test_a_write_the_disk_refuses_leaves_whole_records_and_keeps_the_rest_pending(
+    tmp_path: Path,
+) -> None:
+    """A write that fails partway (here a file size limit: the kernel writes up to it,
+    then refuses, as a full disk does) is cut back to the last whole record; the records
+    wait, later ones queue behind them, and a retry once the disk takes writes again
+    writes them all, in order, each once."""
+    import resource
+
+    sp = Spool(tmp_path, group_size=2, durable_publish=False)
+    sp.extend([rec(i) for i in range(2)])
+    good = sp.path.stat().st_size
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (good + 100, hard))  # Python ignores SIGXFSZ
+    try:
+        taken = sp.extend([rec(i) for i in range(2, 6)])  # 4 records: well past 100 bytes
+        assert [r.seq for r in taken] == [2, 3, 4, 5] and len(sp.pending) == 4
+        assert sp.write_error is not None and "records.jsonl" in sp.write_error
+        assert sp.path.stat().st_size == good and sp.written == 2 and sp.visible == 2
+        sp.extend([rec(6)])  # behind the others
+        assert len(sp.pending) == 5 and not sp.retry()
+        with pytest.raises(ValueError, match="already has a record"):
+            sp.extend([rec(3)])  # a pending record counts as recorded
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert sp.retry() and not sp.pending and sp.write_error is None
+    assert sp.written == sp.visible == 7
+    sp.close()
+    again = Spool(tmp_path, group_size=2, durable_publish=False)
+    assert again.written == 7
+    assert [Trajectory.from_json(again.read_line(s)).id for s in range(7)] == [
+        rec(i).id for i in range(7)
+    ]
