@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,7 +83,12 @@ class Checkpointer:
         """Trainer state to `out/checkpoint`, the routing tree, then what the loop needs
         to resume (`state.json`, written atomically after the checkpoint: the state
         always names a checkpoint that exists)."""
-        await self.trainer.save_checkpoint(str(self.path))
+        try:
+            await self.trainer.save_checkpoint(str(self.path))
+        except TrainerError as e:  # the earlier checkpoint stands (a save swaps in whole)
+            free = shutil.disk_usage(self.out).free
+            raise TrainerError(f"saving the checkpoint failed: {e}; {free / 2**20:,.0f} MiB "
+                               f"free under {self.out}") from None  # fmt: skip
         save = getattr(self.policy, "save", None)
         if save is not None:
             await asyncio.to_thread(save)

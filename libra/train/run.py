@@ -17,20 +17,24 @@ are stopped by the trainer.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import re
 import resource
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from libra.errors import LibraError
 from libra.train.build import Run, build_run
 from libra.train.config import TrainConfig
 from libra.train.display import Display, View
 from libra.train.loop import Telemetry
 from libra.train.report import Report, write_plots
 from libra.train.setup import summarize
-from libra.train.state import prepare_out, write_json
+from libra.train.state import prepare_out, read_state, write_json
 
 
 class _Stop:
@@ -133,8 +137,54 @@ def run_cli(cfg: TrainConfig, *, fresh: bool) -> tuple[dict[str, Any], int]:
     """The CLI's entry: (summary, exit code)."""
     from libra.rollout.run import run_sync
 
-    summary = run_sync(train(cfg, fresh=fresh))
+    try:
+        summary = run_sync(train(cfg, fresh=fresh))
+    except BaseException as e:
+        full = disk_full(e)
+        if full is None:
+            raise
+        state = read_state(Path(cfg.out))
+        v = int(state["version"]) if state else 0
+        then = f"resumes from its checkpoint at step {v}" if v else "starts it again"
+        where = f" writing {full.filename}" if full.filename else ""
+        what = FULL[full.errno or errno.ENOSPC]
+        raise LibraError(
+            f"{what} ({full.strerror}{where}); training stopped and every "
+            f"process with it. Free space under {cfg.out} (or set out to another disk); "
+            f"the same command {then}"
+        ) from None
     return summary, EXIT_CODES.get(summary["outcome"], 1)
 
 
-__all__ = ["EXIT_CODES", "run_cli", "train"]
+_RUST_IO = re.compile(r"\(os error (\d+)\)")
+FULL = {
+    errno.ENOSPC: "the run's disk is full",
+    errno.EDQUOT: "the run's disk quota is used up",
+    errno.EFBIG: "a file of the run outgrew this process's file size limit (ulimit -f)",
+}
+"""The errors of a write the disk cannot take, and what they mean for a run."""
+
+
+def disk_full(e: BaseException) -> OSError | None:
+    """The write error behind `e` (itself, in an exception group, or what it was raised
+    while handling: closing files after a full disk fails the same way) that says the
+    disk is full, or None. Libraries in Rust (safetensors, tokenizers) raise their own
+    types with the OS error in the text: `... File too large (os error 27)`."""
+    seen: set[int] = set()
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in FULL:
+            return x
+        if (m := _RUST_IO.search(str(x))) and int(m[1]) in FULL:
+            return OSError(int(m[1]), os.strerror(int(m[1])))
+        if isinstance(x, BaseExceptionGroup):
+            todo.extend(x.exceptions)
+        todo.extend(c for c in (x.__cause__, x.__context__) if c is not None)
+    return None
+
+
+__all__ = ["EXIT_CODES", "disk_full", "run_cli", "train"]

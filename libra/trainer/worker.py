@@ -57,6 +57,16 @@ class WorkerSpec:
     rank in a Ray actor sees only the GPU Ray gave it)."""
 
 
+def brief(e: BaseException) -> str:
+    """`e` in one line for the driver's error: its first line and, when its text runs
+    over several (torch's checkpoint errors carry each rank's traceback), its last, which
+    names the cause. The rank logs the whole of it."""
+    lines = [ln.strip() for ln in f"{type(e).__name__}: {e}".splitlines() if ln.strip()]
+    if len(lines) <= 2:
+        return " ".join(lines)
+    return f"{lines[0]} ... {lines[-1]} (the rank logged the whole traceback)"
+
+
 def main(spec: WorkerSpec, conn: Connection) -> None:
     _name(f"libra-{spec.member_id}-{spec.rank}")
     logging.basicConfig(
@@ -69,10 +79,9 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     except (EOFError, KeyboardInterrupt):
         pass  # the driver went away
     except BaseException as e:
-        msg = f"{type(e).__name__}: {e}"
-        log.error("%s\n%s", msg, traceback.format_exc())
+        log.error("%s: %s\n%s", type(e).__name__, e, traceback.format_exc())
         try:
-            conn.send(("error", msg))
+            conn.send(("error", brief(e)))
         except OSError:
             pass  # the driver is gone: nobody to tell (the error is logged above)
     finally:

@@ -1,7 +1,8 @@
-"""`libra train` stops, in one line, a run that cannot learn: here an env whose reward
-returns a dict without `reward` (every episode `error`). Before, the run trained on
-nothing to its last step and exited 0, its display saying only `reward 0.000`. A real
-run on loopback: embedded engine, trainer, the `arith` env subclassed."""
+"""`libra train` stops, in one line, a run that cannot go on: an env whose reward
+returns a dict without `reward` (every episode `error`; before, the run trained on
+nothing to its last step and exited 0, its display saying only `reward 0.000`), and a
+run folder that cannot take its writes. Real runs on loopback: embedded engine,
+trainer, the `arith` env."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ num_key_value_heads = 2
 max_position_embeddings = 1024
 
 [data]
-env = "{{env}}:NoRewardKey"
+env = "{{env}}"
 train = "{ROOT}/examples/data/arith-train.jsonl"
 
 [rollout]
@@ -66,7 +67,7 @@ def test_a_run_whose_episodes_all_fail_stops_naming_the_error(tmp_path: Path) ->
     env = tmp_path / "broken_env.py"
     env.write_text(ENV)
     cfg = tmp_path / "run.toml"
-    cfg.write_text(CONFIG.format(out=tmp_path / "run", env=env))
+    cfg.write_text(CONFIG.format(out=tmp_path / "run", env=f"{env}:NoRewardKey"))
     done = subprocess.run([sys.executable, "-m", "libra", "train", str(cfg)], cwd=ROOT,
                           capture_output=True, text=True, timeout=280, check=False)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
@@ -82,3 +83,30 @@ def test_a_run_whose_episodes_all_fail_stops_naming_the_error(tmp_path: Path) ->
     failed = [e for e in events if e["event"] == "all-episodes-failed"]
     assert [e["step"] for e in failed] == [1, 2, 3]
     assert all(e["episodes"] > 0 and sum(e["errors"].values()) == e["episodes"] for e in failed)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_disk_fills_up_stops_in_one_line(tmp_path: Path) -> None:
+    """Writes the run folder cannot take (here a file size limit on the process and its
+    children, which fails writes as a full disk does) stop the run in one line naming
+    the cause and the way on; before, a traceback ending in an `OSError` raised while
+    closing the trajectory file, the first failure lost in its context."""
+    import resource
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(CONFIG.format(out=tmp_path / "run", env="arith"))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "libra", "train", str(cfg)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=280, check=False,
+                          preexec_fn=limited)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "libra: error: a file of the run outgrew this process's file size limit (ulimit -f) "
+        "(File too large"
+    ), last
+    assert f"Free space under {tmp_path / 'run'}" in last and "starts it again" in last
+    assert "Traceback" not in done.stderr
