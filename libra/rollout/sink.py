@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -12,14 +13,53 @@ from typing import IO, Any
 from libra.record import Trajectory
 from libra.rollout.wire import RawRecord, facts_of, serialized
 
+log = logging.getLogger(__name__)
+
+
+TAIL_BLOCK = 1 << 16
+
+
+def whole_lines(path: Path) -> int:
+    """Cut a torn last line off the JSON-lines file `path` (a write the disk refused
+    partway, a crash in mid-write): the bytes after its last newline, which no reader
+    can parse and which the next appended line would be glued to. Returns the bytes
+    cut (0: the file ends with a whole line, is empty or absent). Reads the file from
+    its end, a block at a time."""
+    try:
+        f = open(path, "r+b")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:
+            start = max(0, end - TAIL_BLOCK)
+            f.seek(start)
+            block = f.read(end - start)
+            if end == size and block.endswith(b"\n"):
+                return 0
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            end = start
+        else:
+            keep = 0
+        f.truncate(keep)
+    return size - keep
+
 
 class JsonlSink:
     """Appends one record per line and flushes it, so a crash loses nothing finished.
-    `fsync=True` also forces each line to disk (survives a machine crash; slower)."""
+    `fsync=True` also forces each line to disk (survives a machine crash; slower). A
+    torn last line already in the file is cut off first (`whole_lines`)."""
 
     def __init__(self, path: str | Path, fsync: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if cut := whole_lines(self.path):
+            log.warning("%s: cut off a torn last line (%d bytes, a write that did not "
+                        "finish)", self.path, cut)  # fmt: skip
         self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
         self.fsync = fsync
 
@@ -115,4 +155,4 @@ class Progress:
         self.stream.flush()
 
 
-__all__ = ["JsonlSink", "Progress", "Stats"]
+__all__ = ["JsonlSink", "Progress", "Stats", "whole_lines"]

@@ -25,6 +25,7 @@ from typing import IO, Any
 import orjson
 
 from libra.errors import ConfigError
+from libra.rollout.sink import whole_lines
 
 log = logging.getLogger("libra.train")
 
@@ -43,11 +44,13 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 class JsonLog:
-    """Append-only JSON lines."""
+    """Append-only JSON lines (a torn last line left by a write that did not finish is
+    cut off first: `libra.rollout.sink.whole_lines`)."""
 
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        whole_lines(path)
         self._f: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def write(self, row: dict[str, Any]) -> None:
@@ -78,12 +81,19 @@ def set_aside_groups(path: Path, first: int) -> int:
     appears once in `trajectories.jsonl`."""
     if not path.is_file():
         return 0
+    whole_lines(path)  # a write cut short by the stop: not a record
     keep: list[bytes] = []
     moved: list[bytes] = []
-    for line in path.read_bytes().splitlines(keepends=True):
+    for lineno, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
         if not line.strip():
             continue
-        gid = str(orjson.loads(line).get("group_id", ""))
+        try:
+            gid = str(orjson.loads(line).get("group_id", ""))
+        except (orjson.JSONDecodeError, AttributeError):
+            raise ConfigError(
+                f"{path}:{lineno}: not a trajectory record, so the resume cannot tell which "
+                "episodes its checkpoint covers; repair the line or move the file away"
+            ) from None
         n = gid[1:7]
         (moved if gid.startswith("g") and n.isdigit() and int(n) >= first else keep).append(line)
     if moved:
