@@ -16,10 +16,15 @@
 Rule (prime-rl / verifiers): *a bad rollout is data, not a crash*. Inside an episode these
 exceptions are caught by the episode engine and become the trajectory's `status` and
 `error`; the batch goes on. At the edge (config, CLI, startup) they are printed as one
-line naming the problem and the fix.
+line naming the problem and the fix; so is a disk that cannot take a write
+(`disk_full`), whatever raised it.
 """
 
 from __future__ import annotations
+
+import errno
+import os
+import re
 
 
 class LibraError(Exception):
@@ -83,7 +88,39 @@ class ReplicaDropped(TrainerError):
     on without it (the driver sees a `dropped` membership event, not this exception)."""
 
 
+_RUST_IO = re.compile(r"\(os error (\d+)\)")
+FULL = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "a file outgrew this process's file size limit (ulimit -f)",
+}
+"""The errors of a write the disk cannot take, and what they mean."""
+
+
+def disk_full(e: BaseException) -> OSError | None:
+    """The write error behind `e` (itself, in an exception group, or what it was raised
+    while handling: closing files after a full disk fails the same way) that says the
+    disk is full, or None. Libraries in Rust (safetensors, tokenizers) raise their own
+    types with the OS error in the text: `... File too large (os error 27)`."""
+    seen: set[int] = set()
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in FULL:
+            return x
+        if (m := _RUST_IO.search(str(x))) and int(m[1]) in FULL:
+            return OSError(int(m[1]), os.strerror(int(m[1])))
+        if isinstance(x, BaseExceptionGroup):
+            todo.extend(x.exceptions)
+        todo.extend(c for c in (x.__cause__, x.__context__) if c is not None)
+    return None
+
+
 __all__ = [
+    "FULL",
     "ConfigError",
     "EndpointDown",
     "EndpointError",
@@ -96,4 +133,5 @@ __all__ = [
     "ToolError",
     "TrainerError",
     "WeightsNotDelivered",
+    "disk_full",
 ]

@@ -9,12 +9,13 @@ never a traceback. `--json` prints one JSON document on stdout; progress goes to
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 
-from libra.errors import LibraError
+from libra.errors import FULL, LibraError, disk_full
 
 # name -> module. Add a line when a command lands (and only then: no stubs).
 COMMANDS: dict[str, str] = {
@@ -66,6 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except LibraError as e:
         print(f"libra: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if (full := disk_full(e)) is None:
+            raise
+        where = f" writing {full.filename}" if full.filename else ""
+        print(f"libra: error: {FULL[full.errno or errno.ENOSPC]} ({full.strerror}{where}); "
+              "free space and try again", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         print("libra: interrupted", file=sys.stderr)

@@ -19,15 +19,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
-import os
-import re
 import resource
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
-from libra.errors import LibraError
+from libra.errors import FULL, LibraError, disk_full
 from libra.train.build import Run, build_run
 from libra.train.config import TrainConfig
 from libra.train.display import Display, View
@@ -156,35 +154,4 @@ def run_cli(cfg: TrainConfig, *, fresh: bool) -> tuple[dict[str, Any], int]:
     return summary, EXIT_CODES.get(summary["outcome"], 1)
 
 
-_RUST_IO = re.compile(r"\(os error (\d+)\)")
-FULL = {
-    errno.ENOSPC: "the run's disk is full",
-    errno.EDQUOT: "the run's disk quota is used up",
-    errno.EFBIG: "a file of the run outgrew this process's file size limit (ulimit -f)",
-}
-"""The errors of a write the disk cannot take, and what they mean for a run."""
-
-
-def disk_full(e: BaseException) -> OSError | None:
-    """The write error behind `e` (itself, in an exception group, or what it was raised
-    while handling: closing files after a full disk fails the same way) that says the
-    disk is full, or None. Libraries in Rust (safetensors, tokenizers) raise their own
-    types with the OS error in the text: `... File too large (os error 27)`."""
-    seen: set[int] = set()
-    todo = [e]
-    while todo:
-        x = todo.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, OSError) and x.errno in FULL:
-            return x
-        if (m := _RUST_IO.search(str(x))) and int(m[1]) in FULL:
-            return OSError(int(m[1]), os.strerror(int(m[1])))
-        if isinstance(x, BaseExceptionGroup):
-            todo.extend(x.exceptions)
-        todo.extend(c for c in (x.__cause__, x.__context__) if c is not None)
-    return None
-
-
-__all__ = ["EXIT_CODES", "disk_full", "run_cli", "train"]
+__all__ = ["EXIT_CODES", "run_cli", "train"]

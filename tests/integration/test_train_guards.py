@@ -105,8 +105,7 @@ def test_a_run_whose_disk_fills_up_stops_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "libra: error: a file of the run outgrew this process's file size limit (ulimit -f) "
-        "(File too large"
+        "libra: error: a file outgrew this process's file size limit (ulimit -f) (File too large"
     ), last
     assert f"Free space under {tmp_path / 'run'}" in last and "starts it again" in last
     assert "Traceback" not in done.stderr

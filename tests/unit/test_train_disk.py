@@ -45,3 +45,28 @@ def test_a_rank_s_error_of_many_lines_reaches_the_driver_in_one():
         "RuntimeError: ranks [0] ... OSError: boom (the rank logged the whole traceback)"
     )
     assert brief(ValueError("plain")) == "ValueError: plain"
+
+
+def test_any_command_whose_writes_the_disk_refuses_says_so_in_one_line(tmp_path):
+    """`libra workload` writing a trace under a file size limit (as a full disk fails a
+    write): one line and exit 2, not a traceback."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    out = tmp_path / "trace.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "libra", "workload", "search-r1", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        preexec_fn=limited,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "libra: error: a file outgrew this process's file size limit (ulimit -f) "
+        "(File too large); free space and try again"
+    ]
