@@ -68,13 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LibraError as e:
         print(f"libra: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        if (full := disk_full(e)) is None:
-            raise
-        where = f" writing {full.filename}" if full.filename else ""
-        print(f"libra: error: {FULL[full.errno or errno.ENOSPC]} ({full.strerror}{where}); "
-              "free space and try again", file=sys.stderr)  # fmt: skip
-        return 2
     except KeyboardInterrupt:
         print("libra: interrupted", file=sys.stderr)
         return 130
@@ -83,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # so that the flush at exit does not raise again; exit as a shell would (SIGPIPE).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as e:
+        if (full := disk_full(e)) is None:
+            raise
+        where = f" writing {full.filename}" if full.filename else ""
+        print(f"libra: error: {FULL[full.errno or errno.ENOSPC]} ({full.strerror}{where}); "
+              "free space and try again", file=sys.stderr)  # fmt: skip
+        return 2
 
 
 __all__ = ["COMMANDS", "build_parser", "main"]
