@@ -18,7 +18,8 @@
 - A step whose gradient is not finite leaves the weights as they were
   (`Replica.apply`); the loop says so (an `update-skipped` event) and stops the run
   after `max_skipped` such steps in a row: the model has diverged, and going on would
-  only spend the fleet.
+  only spend the fleet. Likewise after `max_failed` steps in a row whose episodes all
+  ended `error` (`libra.train.guards`).
 """
 
 from __future__ import annotations
