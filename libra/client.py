@@ -49,9 +49,10 @@ class ServiceError(LibraError):
 
     @property
     def retriable(self) -> bool:
-        """Unreachable, or an answer that means "try again later"; any other status is
-        the service's final word."""
-        return self.status is None or self.status in (408, 429, 503, 504)
+        """Unreachable, or an answer that means "try again later" (507: the service's
+        spool disk is full until someone frees space); any other status is the service's
+        final word."""
+        return self.status is None or self.status in (408, 429, 503, 504, 507)
 
 
 @dataclass(slots=True)

@@ -2,8 +2,9 @@
 limit set on the process, which makes its writes fail as a full disk does). Before, the
 failed write left the episode's task group and the whole service exited, losing the
 episodes in flight. Now the finished records wait in memory, no episode starts, submits
-get a 507 and `/healthz` says `degraded`; once the disk takes writes again every record
-is written, each once, in order, and the batch completes."""
+get a 507 (which a patient client retries) and `/healthz` says `degraded`; once the disk
+takes writes again every record is written, each once, in order, the batch completes
+and the waiting submit gets in."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ async def test_a_full_disk_holds_records_in_memory_and_loses_none(
     pid = svc.proc.pid
     try:
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (LIMIT, resource.RLIM_INFINITY))
-        async with AsyncClient(base, reconnect_s=5) as c:
+        async with AsyncClient(base, reconnect_s=60) as c:
             tasks = make_tasks(24, seed=3)
             batch = await c.submit("arith", tasks, group_size=2)
 
@@ -58,9 +59,12 @@ async def test_a_full_disk_holds_records_in_memory_and_loses_none(
 
             h = await until(degraded)
             assert "records.jsonl" in h["spool"], h
-            with pytest.raises(ServiceError) as err:
-                await c.submit("arith", make_tasks(1, seed=4))
+            async with AsyncClient(base, reconnect_s=0) as impatient:
+                with pytest.raises(ServiceError) as err:
+                    await impatient.submit("arith", make_tasks(1, seed=4))
             assert err.value.status == 507 and "finished records wait in memory" in str(err.value)
+            # a patient client retries a 507 (as a 429) and gets in once the disk takes it
+            later = asyncio.create_task(c.submit("arith", make_tasks(1, seed=4), group_size=2))
 
             async def drained():  # episodes in flight finish; none starts
                 s = await c.status(batch)
@@ -81,6 +85,8 @@ async def test_a_full_disk_holds_records_in_memory_and_loses_none(
             assert {r.task_id for r in recs} == {t["id"] for t in tasks}
             assert health(base) == {"status": "ok"}
             assert (await c.status(batch))["state"] == "done"
+            second = [r async for r in c.trajectories(await later)]
+            assert len(second) == 2  # one task x group_size 2
         assert svc.proc.poll() is None  # the service never stopped
     finally:
         svc.close()

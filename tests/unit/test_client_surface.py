@@ -27,4 +27,5 @@ def test_client_and_service_import_without_torch() -> None:
 def test_only_answers_meaning_later_are_retried() -> None:
     err = libra.client.ServiceError
     assert err("unreachable").retriable and err("busy", 503).retriable
+    assert err("spool disk full", 507).retriable
     assert not err("bad body", 400).retriable and not err("load failed", 502).retriable
