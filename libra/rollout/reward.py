@@ -78,28 +78,53 @@ def as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:
     return reward, plain(info)
 
 
+MAX_INFO_BYTES = 64 * 1024
+"""The most an `info` dict keeps on the record, as JSON: its values in order while they
+fit, the rest replaced by a note. Every record of the episode's stream, spool and
+trajectory file carries it (a reward's components and a tool's facts take a few
+hundred bytes)."""
+
+
 def plain(info: dict[str, Any] | None) -> dict[str, Any] | None:
     """A dict as JSON-safe data (it goes on the record): values JSON cannot hold become
     their `repr`; a value nested past `libra.jsonlimits.MAX_DEPTH` becomes a note saying
     so (the record around it must stay writable, and orjson writes 254 levels: info 253
-    levels deep passed here and left a record that could not be written)."""
+    levels deep passed here and left a record that could not be written); past
+    `MAX_INFO_BYTES` in all, the values that do not fit become a note too (an env that
+    put a 10 MB log there put it on every copy of the record)."""
     if not info:
         return None
     if not deeper_than(info):
         try:
-            return dict(orjson.loads(orjson.dumps(info, option=orjson.OPT_NON_STR_KEYS)))
+            raw = orjson.dumps(info, option=orjson.OPT_NON_STR_KEYS)
+            if len(raw) <= MAX_INFO_BYTES:
+                return dict(orjson.loads(raw))
         except TypeError:
             pass
-    return {str(k): _safe(v) for k, v in info.items()}
+    out: dict[str, Any] = {}
+    room = MAX_INFO_BYTES
+    for k, v in info.items():
+        value, size = _safe(v)
+        if size > room:
+            kind = type(v).__name__
+            value = f"<a {kind} of {size:,} bytes as JSON, not kept: info keeps {MAX_INFO_BYTES:,}>"
+        else:
+            room -= size
+        out[str(k)] = value
+    return out
 
 
-def _safe(v: Any) -> Any:
+def _safe(v: Any) -> tuple[Any, int]:
+    """`v` as JSON-safe data, and its size as JSON."""
     if isinstance(v, dict | list) and deeper_than(v, MAX_DEPTH - 1):
-        return f"<a {type(v).__name__} nested more than {MAX_DEPTH} levels deep, not kept>"
+        note = f"<a {type(v).__name__} nested more than {MAX_DEPTH} levels deep, not kept>"
+        return note, len(note)
     try:
-        return orjson.loads(orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS))
+        raw = orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)
+        return orjson.loads(raw), len(raw)
     except TypeError:
-        return repr(v)
+        text = repr(v)
+        return text, len(text)
 
 
-__all__ = ["BadReward", "as_reward", "plain", "score"]
+__all__ = ["MAX_INFO_BYTES", "BadReward", "as_reward", "plain", "score"]

@@ -101,12 +101,14 @@ class Faulty(libra.Env):
             return 1e39
         if mode == "odd-info":
             return 1.0, {"obj": object(), "n": 2}
+        if mode == "huge-info":  # a 10 MB log among the components
+            return 1.0, {"n": 2, "log": "x" * (10 << 20), "m": 3}
         # A blocking reward: it holds its thread until the loop has run a callback.
         return float(loop_answers(ctx.state["loop"]))
 
 
 MODES = ["plain", "sync", "unserialisable", "bad-result", "swallow", "nan-reward", "huge-reward",
-         "odd-info"]  # fmt: skip
+         "odd-info", "huge-info"]  # fmt: skip
 
 
 async def run_modes(tmp_path: Path, model: Path, url: str, modes: list[str], **kw: Any) -> dict:
@@ -158,6 +160,10 @@ async def test_faulty_user_code_is_data_and_limits_hold(
     info = recs["odd-info"].reward_info or {}
     assert recs["odd-info"].status == "ok" and info["n"] == 2
     assert str(info["obj"]).startswith("<object object")
+    # Components past 64 KiB: the ones that fit stay, the 10 MB log is a note.
+    info = recs["huge-info"].reward_info or {}
+    assert recs["huge-info"].status == "ok" and info["n"] == 2 and info["m"] == 3
+    assert info["log"] == "<a str of 10,485,762 bytes as JSON, not kept: info keeps 65,536>"
 
 
 async def test_the_episode_limit_holds_over_a_tool_that_ignores_cancellation(
