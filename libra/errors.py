@@ -97,6 +97,13 @@ FULL = {
 """The errors of a write the disk cannot take, and what they mean."""
 
 
+def full_reason(e: OSError) -> str:
+    """A write error `disk_full` found, for a message: what it means, and the OS's words
+    (with the file, when the error names one)."""
+    where = f" writing {e.filename}" if e.filename else ""
+    return f"{FULL[e.errno or errno.ENOSPC]} ({e.strerror}{where})"
+
+
 def disk_full(e: BaseException) -> OSError | None:
     """The write error behind `e` (itself, in an exception group, or what it was raised
     while handling: closing files after a full disk fails the same way) that says the
@@ -134,4 +141,5 @@ __all__ = [
     "TrainerError",
     "WeightsNotDelivered",
     "disk_full",
+    "full_reason",
 ]

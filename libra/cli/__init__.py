@@ -9,13 +9,12 @@ never a traceback. `--json` prints one JSON document on stdout; progress goes to
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 
-from libra.errors import FULL, LibraError, disk_full
+from libra.errors import LibraError, disk_full, full_reason
 
 # name -> module. Add a line when a command lands (and only then: no stubs).
 COMMANDS: dict[str, str] = {
@@ -79,9 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if (full := disk_full(e)) is None:
             raise
-        where = f" writing {full.filename}" if full.filename else ""
-        print(f"libra: error: {FULL[full.errno or errno.ENOSPC]} ({full.strerror}{where}); "
-              "free space and try again", file=sys.stderr)  # fmt: skip
+        print(f"libra: error: {full_reason(full)}; free space and try again", file=sys.stderr)
         return 2
 
 

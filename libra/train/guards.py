@@ -56,8 +56,7 @@ class SkippedUpdates:
 
     def error(self, checkpointed: int) -> TrainerError:
         """The run's stop, with how to go on from checkpoint `checkpointed`."""
-        then = (f"resumes from its checkpoint at step {checkpointed}" if checkpointed > 0
-                else "starts it again (no checkpoint yet)")  # fmt: skip
+        then = going_on(checkpointed)
         n = len(self.steps)
         which = (f"{n} steps in a row (steps {', '.join(map(str, self.steps))})" if n > 1
                  else f"step {self.steps[0]}")  # fmt: skip
@@ -106,8 +105,7 @@ class FailedSteps:
         )
 
     def error(self, checkpointed: int) -> EnvError:
-        then = (f"resumes from its checkpoint at step {checkpointed}" if checkpointed > 0
-                else "starts it again (no checkpoint yet)")  # fmt: skip
+        then = going_on(checkpointed)
         steps = ", ".join(map(str, self.steps))
         return EnvError(
             f"every episode of steps {steps} ended error, so nothing was learned; the most "
@@ -118,9 +116,16 @@ class FailedSteps:
         )
 
 
+def going_on(checkpointed: int) -> str:
+    """What the same command does after a stop, the last checkpoint at `checkpointed`."""
+    if checkpointed > 0:
+        return f"resumes from its checkpoint at step {checkpointed}"
+    return "starts it again (no checkpoint yet)"
+
+
 def _top(errors: Counter[str]) -> str:
     (reason, n), total = errors.most_common(1)[0], sum(errors.values())
     return f"{reason!r} ({n} of {total})"
 
 
-__all__ = ["FailedSteps", "SkippedUpdates"]
+__all__ = ["FailedSteps", "SkippedUpdates", "going_on"]

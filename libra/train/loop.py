@@ -33,7 +33,7 @@ from typing import Any
 from libra.errors import TrainerError, WeightsNotDelivered
 from libra.train.display import Display, View
 from libra.train.groups import Tally
-from libra.train.guards import FailedSteps, SkippedUpdates
+from libra.train.guards import FailedSteps, SkippedUpdates, going_on
 from libra.train.handle import TrainerHandle
 from libra.train.metrics import StepTimes, step_row
 from libra.train.reconfig import Reconfigurer
@@ -206,8 +206,7 @@ class Loop:
             except TrainerError as failed:  # they went too: the last checkpoint stands
                 self.report.event("checkpoint-failed", why=str(failed))
         v = self.checkpointed
-        then = (f"resumes from its checkpoint at step {v}" if v > 0
-                else "starts it again (no checkpoint yet)")  # fmt: skip
+        then = going_on(v)
         if saved_from is not None:
             then += f" (saved from {saved_from} after the loss)"
         self.report.event("trainer-failed", why=str(e), checkpoint_step=v, saved_from=saved_from)

@@ -17,7 +17,6 @@ are stopped by the trainer.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import resource
 import signal
@@ -25,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from libra.errors import FULL, LibraError, disk_full
+from libra.errors import LibraError, disk_full, full_reason
 from libra.train.build import Run, build_run
 from libra.train.config import TrainConfig
 from libra.train.display import Display, View
+from libra.train.guards import going_on
 from libra.train.loop import Telemetry
 from libra.train.report import Report, write_plots
 from libra.train.setup import summarize
@@ -142,14 +142,10 @@ def run_cli(cfg: TrainConfig, *, fresh: bool) -> tuple[dict[str, Any], int]:
         if full is None:
             raise
         state = read_state(Path(cfg.out))
-        v = int(state["version"]) if state else 0
-        then = f"resumes from its checkpoint at step {v}" if v else "starts it again"
-        where = f" writing {full.filename}" if full.filename else ""
-        what = FULL[full.errno or errno.ENOSPC]
+        then = going_on(int(state["version"]) if state else 0)
         raise LibraError(
-            f"{what} ({full.strerror}{where}); training stopped and every "
-            f"process with it. Free space under {cfg.out} (or set out to another disk); "
-            f"the same command {then}"
+            f"{full_reason(full)}; training stopped and every process with it. Free space "
+            f"under {cfg.out} (or set out to another disk); the same command {then}"
         ) from None
     return summary, EXIT_CODES.get(summary["outcome"], 1)
 
