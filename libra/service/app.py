@@ -228,11 +228,13 @@ async def _weights_done(
 
 async def healthz(request: web.Request) -> web.StreamResponse:
     """Alive: 200. `degraded` while finished records cannot be written (a full disk):
-    streams go on, no episode starts and submits are refused (507) until they are."""
-    error = request.app[MANAGER].write_error
-    if error is None:
+    streams go on, no episode starts and submits are refused (507) until they are. It
+    needs no token, so it gives the OS's reason only; the 507 and the log name the file."""
+    manager = request.app[MANAGER]
+    if manager.write_error is None:
         return _json({"status": "ok"})
-    return _json({"status": "degraded", "spool": error})
+    reason = f"finished records cannot be written: {manager.write_reason}"
+    return _json({"status": "degraded", "spool": reason})
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:

@@ -98,6 +98,8 @@ class BatchManager:
         self.write_error: str | None = None
         """Why finished records cannot be written to the spool (the disk is full), while
         some wait in memory; None when every record is written."""
+        self.write_reason: str | None = None
+        """`write_error` without the path, for `/healthz` (which needs no token)."""
         self._unwritten: set[Batch] = set()
         self._writable = asyncio.Event()
         """Set while the spool takes records: admission waits on it."""
@@ -457,7 +459,7 @@ class BatchManager:
     def _cannot_write(self, batch: Batch) -> None:
         """`batch`'s spool holds records it could not write: stop admitting, say why,
         and retry every `RETRY_S` until every spool takes its records."""
-        self.write_error = batch.spool.write_error
+        self.write_error, self.write_reason = batch.spool.write_error, batch.spool.write_reason
         if not self._unwritten:
             log.error("%s; finished records wait in memory and no episode starts until "
                       "they are written (tried every %g s)", self.write_error, RETRY_S)  # fmt: skip
@@ -475,9 +477,9 @@ class BatchManager:
                     self.syncer.touched(b.spool)
                     self._check_complete(b)
                 else:
-                    self.write_error = b.spool.write_error
+                    self.write_error, self.write_reason = b.spool.write_error, b.spool.write_reason
         log.warning("the spool takes records again; admission resumes")
-        self.write_error = None
+        self.write_error = self.write_reason = None
         self._writable.set()
 
     def _full_message(self) -> str:

@@ -87,7 +87,9 @@ class Spool:
         self.pending: list[tuple[Trajectory | RawRecord, bytes]] = []
         """Records (and their lines) given to `extend` that could not be written yet."""
         self.write_error: str | None = None
-        """Why the last write failed, while records are pending."""
+        """Why the last write failed, while records are pending (naming the file)."""
+        self.write_reason: str | None = None
+        """The same without the path (the OS's words: `No space left on device`)."""
         self._torn = False
         """A failed write may have left part of a line that could not be cut off yet."""
         self._changed = asyncio.Event()
@@ -147,12 +149,13 @@ class Spool:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._w, good)
                 self._torn = False
-            self.write_error = f"cannot write {self.path}: {e.strerror or e}"
+            self.write_reason = e.strerror or type(e).__name__
+            self.write_error = f"cannot write {self.path}: {self.write_reason}"
             return False
         for record, line in self.pending:
             self._index(record.seq, record.id, record.group_id, record.status, len(line))
         self.pending.clear()
-        self.write_error = None
+        self.write_error = self.write_reason = None
         if not self.durable_publish:
             self.publish(len(self.ends))
         return True
