@@ -35,6 +35,7 @@ from libra import usercode
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
+from libra.env import overrides
 from libra.proxy.agent import AgentEnv
 from libra.proxy.server import ProxyServer, in_process_transport
 from libra.proxy.session import Session
@@ -77,6 +78,7 @@ class AgentRunner:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.env = self.agent = agent
+        self._own_parse = overrides(agent, "parse_answer")
         self.env_name = env_name
         self.policy = policy
         self.limits = limits
@@ -153,7 +155,9 @@ class AgentRunner:
             failure = ("error", f"agent raised TimeoutError: {e}")
         except asyncio.CancelledError:
             self.server.close(key)
-            record = self._record(spec, session, ("aborted", "cancelled"), _NOTHING)
+            # no user code while cancelled: an agent's own parser gives no answer here
+            answer = None if self._own_parse else self.agent.parse_answer(session.last_text)
+            record = self._record(spec, session, ("aborted", "cancelled"), _NOTHING, answer)
             self._stamp(record, t0, admitted_after_s)
             if on_abort is not None:
                 on_abort(record)
@@ -164,7 +168,9 @@ class AgentRunner:
         finally:
             self.server.close(key)
             await client.close()
-        record = self._record(spec, session, self._status(session, failure, expired), out)
+        status = self._status(session, failure, expired)
+        answer, status = await self._answer(session.last_text, status)
+        record = self._record(spec, session, status, out, answer)
         self._stamp(record, t0, admitted_after_s)
         return record
 
@@ -183,14 +189,41 @@ class AgentRunner:
             return "truncated", "the last model turn hit max_tokens"
         return "ok", None
 
+    async def _answer(
+        self, text: str, status: tuple[str, str | None]
+    ) -> tuple[str | None, tuple[str, str | None]]:
+        """The answer in the agent's last text, and the status with it. Libra's parser runs
+        here (linear in the text); an AgentEnv subclass's own `parse_answer` is user code,
+        so it runs in a worker thread under the turn's limit, and its failure ends an
+        episode that was `ok` or `truncated` as `error`."""
+        if not self._own_parse:
+            return self.agent.parse_answer(text), status
+        try:
+            answer = await usercode.call(self.agent.parse_answer, text,
+                                         limit_s=self.limits.turn_timeout_s,
+                                         what=f"{self.env_name}.parse_answer")  # fmt: skip
+            if answer is not None and not isinstance(answer, str):
+                raise TypeError(f"it returned a {type(answer).__name__}; return the answer's "
+                                "text or None")  # fmt: skip
+        except Exception as e:
+            failed = isinstance(e, usercode.LimitExceeded)
+            why = str(e) if failed else f"parse_answer raised {type(e).__name__}: {e}"
+            return None, (("error", why) if status[0] in ("ok", "truncated") else status)
+        return answer, status
+
     def _record(
-        self, spec: EpisodeSpec, session: Session, status: tuple[str, str | None], out: Any
+        self,
+        spec: EpisodeSpec,
+        session: Session,
+        status: tuple[str, str | None],
+        out: Any,
+        answer: str | None,
     ) -> Trajectory:
         rec = Trajectory(id=spec.id, batch_id=spec.batch_id, task_id=spec.task_id,
                          group_id=spec.group_id, env=self.env_name, step=spec.step,
                          status=status[0], error=status[1])  # fmt: skip
         session.fill(rec)
-        rec.answer = self.agent.parse_answer(session.last_text)
+        rec.answer = answer
         if out is not _NOTHING and rec.status in ("ok", "truncated"):
             try:
                 rec.reward, rec.reward_info, answer = _as_reward(out)

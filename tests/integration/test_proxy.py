@@ -503,3 +503,53 @@ async def test_a_context_that_outgrows_its_bucket_moves_as_in_native(
     assert (m.turn, m.from_bucket, m.to_bucket, m.reason) == (1, "tp1", "tp2", "overflow")
     assert m.reprefill_tokens == after_turn0 + r.turns[0].tool_tokens
     assert r.response_token_ids == first.response_token_ids  # same tokens, other bucket
+
+
+OWN_PARSER = """
+import time
+
+from libra.proxy import AgentEnv
+from agent import run
+
+
+class Parsed(AgentEnv):
+    def parse_answer(self, text):
+        return "parsed:" + str(len(text))
+
+
+class Blocking(AgentEnv):
+    def parse_answer(self, text):  # blocks its thread (a sync call the loop must not run)
+        time.sleep(3)
+        return "late"
+
+
+parsed = Parsed(run, "parsed")
+blocking = Blocking(run, "blocking")
+"""
+
+
+async def test_an_agent_env_s_own_answer_parser_runs_off_the_loop_under_the_turn_limit(
+    tmp_path: Path, tiny_model: Path, fake_vllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "own.py").write_text(OWN_PARSER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tasks = write_tasks(tmp_path / "t.jsonl", arith_tasks(2))
+    bucket = [BucketConfig(name="tp1", endpoints=[fake_vllm.url])]
+    c = cfg(tmp_path, tiny_model, bucket, env=f"{tmp_path}/own.py:parsed", tasks=str(tasks),
+            group_size=2)  # fmt: skip
+    await rollout(c, progress=False)
+    recs = read_jsonl(c.out)
+    assert len(recs) == 4 and all(r.status == "ok" for r in recs)
+    assert all((r.answer or "").startswith("parsed:") for r in recs)
+    # A parser that blocks its thread: the episode ends at the turn's limit, as an error,
+    # (on the loop it could not be cut: it would hold every episode for its 3 s).
+    c2 = cfg(tmp_path, tiny_model, bucket, env=f"{tmp_path}/own.py:blocking", tasks=str(tasks),
+             out=str(tmp_path / "o2.jsonl"), group_size=2,
+             limits={"turn_timeout_s": 0.5})  # fmt: skip
+    summary = await rollout(c2, progress=False)
+    recs = read_jsonl(c2.out)
+    assert summary["episodes"] == 4 and summary["status"] == {"error": 4}
+    for r in recs:
+        assert r.answer is None and len(r.turns) == 2
+        assert (r.error or "").endswith("own.py:blocking.parse_answer exceeded 0.5 s"), r.error
