@@ -22,20 +22,14 @@ import pytest
 
 from tests.conftest import RAY_STORE, ROOT, grow, shrink
 from tests.integration.procs import descendants, engine_on, parent_of, wait_gone
+from tests.integration.train_util import TINY_MODEL
 
 CONFIG = f"""
 out = "{{out}}"
 seed = 5
 steps = 10
 
-[model]
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 2
-max_position_embeddings = 1024
-
+{TINY_MODEL}
 [data]
 env = "arith"
 train = "{ROOT}/examples/data/arith-train.jsonl"

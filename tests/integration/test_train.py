@@ -24,20 +24,14 @@ from libra.errors import ConfigError
 from libra.train import load_config
 from tests.conftest import ROOT
 from tests.integration.procs import alive, descendants
+from tests.integration.train_util import TINY_MODEL
 
 CONFIG = f"""
 out = "{{out}}"
 seed = 3
 steps = 16
 
-[model]
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 2
-max_position_embeddings = 1024
-
+{TINY_MODEL}
 [data]
 env = "arith"
 train = "{ROOT}/examples/data/arith-train.jsonl"

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.conftest import ROOT
+from tests.integration.train_util import TINY_MODEL
 
 ENV = """
 from libra.envs.arith import Arith
@@ -29,14 +30,7 @@ out = "{{out}}"
 seed = 1
 steps = 20
 
-[model]
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 2
-max_position_embeddings = 1024
-
+{TINY_MODEL}
 [data]
 env = "{{env}}"
 train = "{ROOT}/examples/data/arith-train.jsonl"

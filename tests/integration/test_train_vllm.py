@@ -27,6 +27,7 @@ import orjson
 import pytest
 
 from tests.conftest import ROOT, VLLM_STAGE, need
+from tests.integration.train_util import TINY_MODEL
 
 pytestmark = VLLM_STAGE
 
@@ -48,14 +49,7 @@ out = "{out}"
 seed = 5
 steps = 4
 
-[model]
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 2
-max_position_embeddings = 1024
-
+{model}
 [data]
 env = "{env}:EvenArith"
 train = "{root}/examples/data/arith-train.jsonl"
@@ -139,7 +133,9 @@ def test_train_on_a_vllm_fleet_publishes_every_step(tmp_path: Path) -> None:
     env_file.write_text(ENV)
     config = tmp_path / "train.toml"
     timeout = os.environ.get("LIBRA_VLLM_START_TIMEOUT", "420")
-    config.write_text(CONFIG.format(out=out, env=env_file, root=ROOT, timeout=timeout))
+    config.write_text(
+        CONFIG.format(out=out, env=env_file, root=ROOT, timeout=timeout, model=TINY_MODEL)
+    )
     env = {**os.environ, "LIBRA_VLLM_PYTHON": python, "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
 
