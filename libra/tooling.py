@@ -149,7 +149,7 @@ class Tool:
         except ToolError as e:
             return ToolResult(f"Error: {e}", "error")
         except Exception as e:
-            return ToolResult(f"Error: {type(e).__name__}: {e}", "error")
+            return ToolResult(f"Error: {usercode.describe(e)}", "error")
         try:
             return as_result(out)
         except ToolError as e:  # the tool's mistake, told to the model like any error

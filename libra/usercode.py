@@ -10,6 +10,13 @@ it does.
   waits `GRACE_S` more for it to unwind. Code that swallows `CancelledError` is then left
   behind (kept referenced, logged when it ends): the episode goes on with a `timeout`.
 
+Whatever user code raises reaches the caller as an `Exception`: a `BaseException` that
+is not one (`SystemExit`, `KeyboardInterrupt`, a subclass of its own) would end the
+process or the event loop, a `StopIteration` cannot cross into an asyncio future (the
+call hung until its limit), a `CancelledError` from a plain function would read as the
+caller's cancellation, and an exception whose `str()` raises would break every handler
+that writes it into a record. Each becomes a `UserCodeError` naming what was raised.
+
 What this cannot do: a thread cannot be killed. A plain function that blocks past its
 limit keeps its thread until it returns (the episode has moved on); `overruns()` counts
 such calls still running. Code that may block for good belongs in a process the env
@@ -43,6 +50,61 @@ _left_behind: set[asyncio.Future[Any] | concurrent.futures.Future[Any]] = set()
 
 class LimitExceeded(TimeoutError):
     """User code ran past the limit `call` gave it (not a TimeoutError it raised)."""
+
+
+class UserCodeError(RuntimeError):
+    """User code raised something an `except Exception` cannot handle as it was (see
+    the module docstring); the message names it."""
+
+
+def text(e: BaseException) -> str:
+    """`str(e)`, or a note when it raises (an exception's own `__str__` is user code)."""
+    try:
+        return str(e)
+    except Exception as err:
+        return f"<its str() raised {type(err).__name__}>"
+
+
+def describe(e: BaseException) -> str:
+    """`Type: message` for a record or a log, safe for any exception (a `UserCodeError`
+    is its message alone: it names what was raised)."""
+    if isinstance(e, UserCodeError):
+        return text(e)
+    detail = text(e)
+    return f"{type(e).__name__}: {detail}" if detail else type(e).__name__
+
+
+def _tamed(e: BaseException, what: str) -> BaseException:
+    """`e` as the caller gets it: itself when an `except Exception` can handle it."""
+    if isinstance(e, (StopIteration, asyncio.CancelledError)) or not isinstance(e, Exception):
+        detail = text(e)
+        detail = f": {detail}" if detail else ""
+        return UserCodeError(f"{what} raised {type(e).__name__}{detail}")
+    try:
+        str(e)
+    except Exception:
+        return UserCodeError(f"{what} raised {type(e).__name__} {text(e)}")
+    return e
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any, what: str) -> Any:
+    """`fn(*args)` in a pool thread, anything it raises tamed (`_tamed`)."""
+    try:
+        return fn(*args)
+    except BaseException as e:  # user code: see the module docstring
+        raise _tamed(e, what) from None
+
+
+async def _in_task(coro: Any, what: str) -> Any:
+    """`await coro` in its task. A `CancelledError` passes (cancelling the task, ours or
+    its own: `call` tells them apart); anything else raised is tamed (`_tamed`): a
+    `SystemExit` or `KeyboardInterrupt` escaping a task would stop the event loop."""
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        raise
+    except BaseException as e:  # user code: see the module docstring
+        raise _tamed(e, what) from None
 
 
 @functools.cache
@@ -105,6 +167,12 @@ def overruns() -> int:
     return len(_left_behind)
 
 
+def stuck_tasks(loop: asyncio.AbstractEventLoop) -> set[asyncio.Future[Any]]:
+    """`loop`'s tasks of async user code left behind (they ignored cancellation): a loop
+    that waited for them at its close would never close."""
+    return {f for f in _left_behind if isinstance(f, asyncio.Future) and f.get_loop() is loop}
+
+
 async def call(fn: Callable[..., Any], *args: Any, limit_s: float | None, what: str) -> Any:
     """`fn(*args)` run as the module docstring says (keyword arguments: pass a
     `functools.partial`); its result, or its exception. `LimitExceeded` (a
@@ -113,10 +181,14 @@ async def call(fn: Callable[..., Any], *args: Any, limit_s: float | None, what: 
     thread: concurrent.futures.Future[Any] | None = None
     fut: asyncio.Future[Any]
     if is_async(fn):
-        fut = asyncio.get_running_loop().create_task(fn(*args), name=f"user:{what}")
+        try:
+            coro = fn(*args)
+        except BaseException as e:  # a callable object's own __call__
+            raise _tamed(e, what) from None
+        fut = asyncio.get_running_loop().create_task(_in_task(coro, what), name=f"user:{what}")
     else:
         ctx = contextvars.copy_context()
-        thread = pool().submit(ctx.run, fn, *args)
+        thread = pool().submit(ctx.run, functools.partial(_in_thread, what=what), fn, *args)
         fut = asyncio.wrap_future(thread)
     try:
         done, _ = await asyncio.wait({fut}, timeout=limit_s)
@@ -182,10 +254,14 @@ __all__ = [
     "GRACE_S",
     "THREADS",
     "LimitExceeded",
+    "UserCodeError",
     "call",
+    "describe",
     "is_async",
     "overruns",
     "pool",
     "prestart",
     "start_threads",
+    "stuck_tasks",
+    "text",
 ]

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from libra import usercode
 from libra.errors import LibraError, disk_full, full_reason
 
 # name -> module. Add a line when a command lands (and only then: no stubs).
@@ -57,6 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    if usercode.overruns():
+        # User code stuck past its limit keeps a thread that cannot be killed, and the
+        # interpreter joins every pool thread at exit: it would never exit.
+        print(f"libra: {usercode.overruns()} calls of user code were still running past "
+              "their limits; exiting without them", file=sys.stderr)  # fmt: skip
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:

@@ -164,7 +164,7 @@ class AgentRunner:
             raise
         except Exception as e:  # the agent's bug is the episode's data
             log.debug("agent episode %s failed", spec.id, exc_info=True)
-            failure = ("error", f"agent raised {type(e).__name__}: {e}")
+            failure = ("error", f"agent raised {usercode.describe(e)}")
         finally:
             self.server.close(key)
             await client.close()
@@ -207,7 +207,7 @@ class AgentRunner:
                                 "text or None")  # fmt: skip
         except Exception as e:
             failed = isinstance(e, usercode.LimitExceeded)
-            why = str(e) if failed else f"parse_answer raised {type(e).__name__}: {e}"
+            why = str(e) if failed else f"parse_answer raised {usercode.describe(e)}"
             return None, (("error", why) if status[0] in ("ok", "truncated") else status)
         return answer, status
 

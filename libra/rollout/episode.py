@@ -249,7 +249,7 @@ class EpisodeRunner:
             status, error = "error", f"{ENDPOINT_ERROR}{e}"
         except Exception as e:  # a bad rollout is data, not a crash
             log.debug("episode %s failed", spec.id, exc_info=True)
-            status, error = "error", f"{type(e).__name__}: {e}"
+            status, error = "error", usercode.describe(e)
         record = self._record(spec, st, status, error)
         if status in ("ok", "truncated", "timeout") and st.prompt_len >= 0:
             await score(self.env, record, ctx, limit_s=self.limits.reward_timeout_s,

@@ -43,7 +43,7 @@ async def score(
     except BadReward as e:
         rec.status, rec.error = "error", f"reward: {e}"
     except Exception as e:
-        rec.status, rec.error = "error", f"reward failed: {type(e).__name__}: {e}"
+        rec.status, rec.error = "error", f"reward failed: {usercode.describe(e)}"
 
 
 def as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:

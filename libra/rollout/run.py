@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -28,6 +29,8 @@ from libra.rollout.sink import JsonlSink, Progress, Stats
 from libra.rollout.tasks import episode_specs, load_tasks
 from libra.rollout.wire import Lesson, RawRecord
 from libra.routing.base import Bucket, RoutingPolicy, StaticPolicy
+
+log = logging.getLogger("libra.rollout")
 
 
 def load_env(spec: str, options: dict[str, Any]) -> Env:
@@ -214,7 +217,12 @@ def run_sync(coro: Any) -> Any:
     Objects alive at start-up (modules, tokenizer, config) are moved out of the garbage
     collector's view (`gc.freeze`): with thousands of episodes in flight a full
     collection otherwise rescans them all and stalls the event loop for longer. Full
-    collections are made rare (`GC_THRESHOLDS`): this is a long-lived service process."""
+    collections are made rare (`GC_THRESHOLDS`): this is a long-lived service process.
+
+    Async user code that ignored its cancellation (`libra.usercode.stuck_tasks`) is not
+    waited for at the end (asyncio's own close waits for every task: for ever); the
+    loop closes without it, and `libra.cli.main` exits without waiting for user code
+    still running in threads."""
     import gc
 
     gc.collect()
@@ -226,8 +234,31 @@ def run_sync(coro: Any) -> Any:
         factory = uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
+    runner = asyncio.Runner(loop_factory=factory)
+    try:
         return runner.run(coro)
+    finally:
+        loop = runner.get_loop()
+        if usercode.stuck_tasks(loop):
+            _close_without(loop, usercode.stuck_tasks(loop))
+        else:
+            runner.close()
+
+
+def _close_without(loop: asyncio.AbstractEventLoop, stuck: set[asyncio.Future[Any]]) -> None:
+    """Close `loop` as `asyncio.Runner.close` does, except that the `stuck` tasks are
+    not waited for (they are destroyed pending)."""
+    log.warning("%d calls of async user code ignored their cancellation; closing without "
+                "them", len(stuck))  # fmt: skip
+    try:
+        others = [t for t in asyncio.all_tasks(loop) if t not in stuck]
+        for t in others:
+            t.cancel()
+        if others:
+            loop.run_until_complete(asyncio.wait(others, timeout=usercode.GRACE_S))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
 
 __all__ = [

@@ -43,6 +43,7 @@ from typing import Any
 
 from pydantic import Field
 
+from libra import usercode
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.endpoints.pool import EndpointPool
@@ -293,7 +294,7 @@ class Worker:
             )
         except Exception as e:
             log.exception("cannot open a runner for batch %s", batch_id)
-            b.failed = f"cannot start the env: {type(e).__name__}: {e}"
+            b.failed = f"cannot start the env: {usercode.describe(e)}"
             for key in b.waiting:
                 self.send({"op": "fail", "e": key, "error": b.failed})
             b.waiting.clear()
@@ -331,7 +332,7 @@ class Worker:
             raise
         except Exception as e:  # a bug must not take the worker down with it
             log.exception("episode %s raised", spec.id)
-            self.send({"op": "fail", "e": key, "error": f"{type(e).__name__}: {e}"})
+            self.send({"op": "fail", "e": key, "error": usercode.describe(e)})
             return
         self._reply(key, b.env, record)
 
@@ -393,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     from libra.rollout.run import run_sync
 
-    return int(run_sync(main_async(args.connect, args.id)))
+    code = int(run_sync(main_async(args.connect, args.id)))
+    if usercode.overruns():  # threads stuck in user code: exit without joining them
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

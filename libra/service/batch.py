@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import orjson
 
+from libra import usercode
 from libra.record import Trajectory
 from libra.rollout.batch import Runner
 from libra.rollout.episode import EpisodeSpec
@@ -110,7 +111,7 @@ def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
             prompt(task)
         except Exception as e:
             raise RequestError(
-                400, f"tasks[{i}]: the env cannot build a prompt from it: {type(e).__name__}: {e}"
+                400, f"tasks[{i}]: the env cannot build a prompt from it: {usercode.describe(e)}"
             ) from None
 
 

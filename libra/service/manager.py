@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from libra import usercode
 from libra.chat import ChatTokenizer
 from libra.endpoints.config import SamplingConfig
 from libra.endpoints.pool import EndpointPool
@@ -388,7 +389,7 @@ class BatchManager:
                     await self._start_runner(batch)
                 except Exception as e:
                     log.exception("cannot start a runner for batch %s", batch.id)
-                    record = batch.aborted(spec, f"cannot start the env: {type(e).__name__}: {e}")
+                    record = batch.aborted(spec, f"cannot start the env: {usercode.describe(e)}")
                     record.status = "error"
                     self.fair.release(batch.id)
                     self._slots.release()
@@ -416,7 +417,7 @@ class BatchManager:
             record = await batch.runner.run(spec, admitted_after_s=waited, on_abort=on_abort)
         except Exception as e:  # a bug must not take the service down with it
             log.exception("episode %s raised", spec.id)
-            record = batch.aborted(spec, f"internal error: {type(e).__name__}: {e}")
+            record = batch.aborted(spec, f"internal error: {usercode.describe(e)}")
             record.status = "error"
         self._finish(batch, record)
 

@@ -21,6 +21,15 @@ from libra.record import Trajectory, read_jsonl
 from libra.rollout import rollout
 from tests.integration.test_rollout import cfg
 
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class Halt(BaseException):
+    """A BaseException of the env's own (not an Exception)."""
+
+
 RELEASE = threading.Event()
 """Set at the end of a test: stops tools that ignore cancellation."""
 HUGE = "word " * (4 * 1024 * 1024 // 5)
@@ -57,6 +66,12 @@ async def calculator(expression: str, ctx: libra.Context) -> Any:
         return "5"
     if mode == "huge":
         return HUGE
+    if mode == "exit":
+        raise SystemExit(3)
+    if mode == "halt":
+        raise Halt("stop everything")
+    if mode == "bad-str":
+        raise BadStr
     return "5"
 
 
@@ -67,6 +82,11 @@ def sync_calculator(expression: str, ctx: libra.Context) -> str:
     Args:
         expression: what to evaluate.
     """
+    mode = ctx.task["mode"]
+    if mode == "sync-stop":
+        return next(iter(()))  # StopIteration cannot cross into an asyncio future
+    if mode == "sync-cancel":
+        raise asyncio.CancelledError
     return "5" if loop_answers(ctx.state["loop"]) else "blocked"
 
 
@@ -77,7 +97,7 @@ class Faulty(libra.Env):
     max_turns = 3
 
     def tools_for(self, task: dict[str, Any]) -> list[libra.Tool]:
-        if task["mode"] == "sync":
+        if task["mode"].startswith("sync"):
             return [libra.tool(name="calculator")(sync_calculator.fn)]
         return [calculator]
 
@@ -103,6 +123,8 @@ class Faulty(libra.Env):
             return 1.0, {"obj": object(), "n": 2}
         if mode == "huge-info":  # a 10 MB log among the components
             return 1.0, {"n": 2, "log": "x" * (10 << 20), "m": 3}
+        if mode == "interrupt-reward":
+            raise KeyboardInterrupt
         # A blocking reward: it holds its thread until the loop has run a callback.
         return float(loop_answers(ctx.state["loop"]))
 
@@ -166,6 +188,36 @@ async def test_faulty_user_code_is_data_and_limits_hold(
     assert info["log"] == "<a str of 10,485,762 bytes as JSON, not kept: info keeps 65,536>"
 
 
+RAISES = ["plain", "exit", "halt", "bad-str", "sync-stop", "sync-cancel", "interrupt-reward"]
+
+
+async def test_whatever_user_code_raises_is_the_episode_s_data(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    """A SystemExit, KeyboardInterrupt or BaseException of its own from a tool or reward
+    ended the whole batch (the process exited, the other episodes lost); a StopIteration
+    from a plain tool hung to its limit; a CancelledError from one read as the batch's
+    cancellation; an exception whose str() raises ended the episode."""
+    recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, RAISES,
+                           limits={"tool_timeout_s": 30})  # fmt: skip
+    tok = ChatTokenizer(tiny_model)
+    assert set(recs) == set(RAISES) and recs["plain"].reward == 1.0
+    for mode, why in (
+        ("exit", "raised SystemExit: 3"),
+        ("halt", "raised Halt: stop everything"),
+        ("bad-str", "raised BadStr <its str() raised RuntimeError>"),
+        ("sync-stop", "raised StopIteration"),
+        ("sync-cancel", "raised CancelledError"),
+    ):
+        ret = recs[mode].turns[0].tool_returns[0]
+        assert recs[mode].status == "ok" and ret.status == "error", (mode, recs[mode].error)
+        assert why in shown(recs[mode], tok), mode
+        assert ret.latency_s < 5, mode  # not at the 30-s limit
+    rec = recs["interrupt-reward"]
+    assert (rec.status, rec.reward) == ("error", 0.0)
+    assert rec.error == "reward failed: env.reward raised KeyboardInterrupt", rec.error
+
+
 async def test_the_episode_limit_holds_over_a_tool_that_ignores_cancellation(
     tmp_path: Path, tiny_model: Path, fake_vllm
 ) -> None:
@@ -188,3 +240,66 @@ async def test_a_huge_tool_return_is_cut_and_tokenized_off_the_loop(
     assert rec.status == "truncated" and "overflows" in (rec.error or "")
     # Tokenizing 4 MB on the loop costs it ~6 s of CPU; cut and off the loop, a fraction.
     assert loop_cpu < 1.5, loop_cpu
+
+
+STUCK_ENV = '''
+import asyncio
+import time
+
+import libra
+
+
+@libra.tool(timeout=1)
+def calculator(expression: str) -> str:
+    """Blocks its thread for an hour: a thread cannot be killed.
+
+    Args:
+        expression: what to evaluate.
+    """
+    time.sleep(3600)
+    return "5"
+
+
+class Stuck(libra.Env):
+    tools = [calculator]
+    max_turns = 2
+
+    def prompt(self, task):
+        return [{"role": "user", "content": "What is 2 + 3?"}]
+
+    async def reward(self, task, trajectory):
+        while True:  # ignores its cancellation for ever
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+'''
+
+
+def test_libra_rollout_exits_when_user_code_never_returns(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """A tool stuck in its thread and a reward that ignores cancellation: the command
+    still writes every record, prints its summary and exits (it hung at exit: the
+    interpreter joined the stuck thread, asyncio waited for the task)."""
+    import subprocess
+    import sys
+
+    url, _ = spawn_fake()
+    (tmp_path / "stuck.py").write_text(STUCK_ENV)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps({"id": f"q{i}"}) + b"\n" for i in range(2)))
+    out = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "libra", "rollout", "--env", f"{tmp_path}/stuck.py:Stuck",
+           "--tasks", str(tasks), "--model", str(tiny_model), "--endpoint",
+           f"tp1={url}", "--out", str(out), "--quiet", "--json",
+           "--set", "limits.reward_timeout_s=1"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert orjson.loads(p.stdout)["episodes"] == 2
+    assert "calls of user code were still running past their limits" in p.stderr
+    recs = read_jsonl(out)
+    assert len(recs) == 2
+    for r in recs:
+        assert r.turns[0].tool_returns[0].status == "timeout"
+        assert (r.status, r.error) == ("error", "reward exceeded 1 s")
