@@ -42,7 +42,7 @@ from libra.proxy.session import Session
 from libra.proxy.turns import Shared
 from libra.record import Trajectory
 from libra.rollout.config import LimitsConfig
-from libra.rollout.episode import EpisodeSpec
+from libra.rollout.episode import EpisodeSpec, own_task
 from libra.rollout.offload import offload
 from libra.rollout.reward import BadReward, as_reward
 from libra.routing.base import RoutingPolicy
@@ -146,7 +146,8 @@ class AgentRunner:
         try:
             # In a task of its own: the episode's limit holds even for an agent that
             # swallows cancellation.
-            out = await usercode.call(self.agent, spec.task, client,
+            task = await own_task(spec.task, self.shared.offload)
+            out = await usercode.call(self.agent, task, client,
                                       limit_s=self.limits.episode_timeout_s,
                                       what=f"agent {self.env_name}")  # fmt: skip
         except usercode.LimitExceeded:

@@ -21,12 +21,16 @@ being cut to `limits.max_tool_output_bytes` first.
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import logging
 import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from libra import usercode
 from libra.chat import ChatTokenizer
@@ -45,6 +49,11 @@ from libra.toolcalls import ToolCallParser, parser_for
 from libra.tooling import Context, Tool
 
 log = logging.getLogger("libra.rollout")
+
+SCHEMA_CACHE = 1024
+"""Sets of tools whose schemas a runner keeps (an env whose `tools_for` makes new tools
+for every task would otherwise grow it without end)."""
+_ToolSet = tuple[tuple[Tool, ...], dict[str, Tool], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,35 @@ class _TurnDraft:
         )
 
 
+async def own_task(task: dict[str, Any], offload: Any) -> dict[str, Any]:
+    """A copy of `task` for one episode: the episodes of a group share one task object,
+    so an env that wrote to `ctx.task` changed what its siblings saw (a tool appending
+    to the answer: the group's rewards read `done!`, `done!!`, ...). Copied on a worker
+    thread when it is large (its size as JSON; a task JSON cannot hold is copied here)."""
+    try:
+        size = len(orjson.dumps(task))
+    except TypeError:
+        return copy.deepcopy(task)
+    return await offload.run(size, lambda _tok: copy.deepcopy(task))
+
+
+def check_prompt(messages: Any) -> None:
+    """`env.prompt`'s value is chat messages (a str, or messages without a `role`,
+    rendered as an empty prompt: the episode ran on no question at all)."""
+    fix = 'return a list of chat messages: [{"role": "user", "content": "..."}]'
+    if not isinstance(messages, list) or not messages:
+        raise TypeError(f"env.prompt returned {_kind(messages)}; {fix}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise TypeError(f"env.prompt's message {i} is {_kind(m)} without a 'role'; {fix}")
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, list) and not x:
+        return "an empty list"
+    return f"a {type(x).__name__}"
+
+
 @dataclass(slots=True)
 class _State:
     """Mutable per-episode bookkeeping, turned into a Trajectory at the end.
@@ -124,6 +162,9 @@ class _State:
     turns: list[_TurnDraft] = field(default_factory=list)
     migrations: list[Migration] | None = None
     tool_states: tuple[ToolState, ...] = ()
+    tools: dict[str, Tool] = field(default_factory=dict)
+    """The task's tools by name (`env.tools_for`, asked once when the episode opens)."""
+    schemas: list[dict[str, Any]] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
     queued_s: float = 0.0
@@ -178,6 +219,7 @@ class EpisodeRunner:
         self._setup = overrides(env, "setup")
         self._teardown_hook = overrides(env, "teardown")
         self._own_parse = overrides(env, "parse_answer")
+        self._own_tools = overrides(env, "tools_for")
         # Turn ends: the end-of-turn token(s), plus env stop strings; a stop string that
         # is one token goes in stop_token_ids (vLLM matches stop strings on decoded text
         # only, which misses special tokens).
@@ -189,7 +231,7 @@ class EpisodeRunner:
                 self.stop_ids.append(tid)
             else:
                 self.stop_strs.append(s)
-        self._schemas: dict[int, tuple[dict[str, Tool], list[dict[str, Any]]]] = {}
+        self._schemas: dict[tuple[int, ...], _ToolSet] = {}
         # CPU gate: at most `cpu_slots` episodes do synchronous work (render, tokenize,
         # parse) per event-loop iteration, so timers and I/O stay responsive when
         # thousands of episodes are in flight (waiters wake one loop iteration later).
@@ -197,12 +239,33 @@ class EpisodeRunner:
         # The episode and turn timeouts of every episode, on one timer (see deadlines).
         self._deadlines = Deadlines()
 
-    def _tools(self, task: dict[str, Any]) -> tuple[dict[str, Tool], list[dict[str, Any]]]:
-        tools = self.env.tools_for(task)
-        key = id(tools)
-        if key not in self._schemas:
-            self._schemas[key] = ({t.name: t for t in tools}, [t.schema for t in tools])
-        return self._schemas[key]
+    async def _tools(self, task: dict[str, Any]) -> tuple[dict[str, Tool], list[dict[str, Any]]]:
+        """The task's tools by name, and their schemas (made once per set of tools). An
+        env's own `tools_for` is user code: it runs in a worker thread under the turn's
+        limit (on the loop, one that blocked 3 s held every episode 3 s). The
+        key is the tools' identities, and the entry holds the tools, so an id cannot be
+        reused while its entry lives (keyed by the id of the list `tools_for` returned,
+        a fresh list of another task's tools got a freed list's entry: the prompt offered
+        one tool, the call ran another)."""
+        if self._own_tools:
+            given = await usercode.call(self.env.tools_for, task,
+                                        limit_s=self.limits.turn_timeout_s,
+                                        what="env.tools_for")  # fmt: skip
+        else:
+            given = self.env.tools
+        tools = tuple(given)
+        if bad := [t for t in tools if not isinstance(t, Tool)]:
+            raise TypeError(
+                f"env.tools_for gave a {type(bad[0]).__name__}, not a tool; offer functions "
+                "made tools with @libra.tool"
+            )
+        key = tuple(map(id, tools))
+        if (entry := self._schemas.get(key)) is None:
+            if len(self._schemas) >= SCHEMA_CACHE:
+                self._schemas.pop(next(iter(self._schemas)))
+            entry = self._schemas[key] = (tools, {t.name: t for t in tools},
+                                          [t.schema for t in tools])  # fmt: skip
+        return entry[1], entry[2]
 
     # --- the episode -----------------------------------------------------------------
     async def run(
@@ -215,6 +278,7 @@ class EpisodeRunner:
         """Run one episode to its record. When cancelled, the partial episode is handed to
         `on_abort` as an `aborted` record and the cancellation propagates."""
         t0 = self.clock()
+        spec = dataclasses.replace(spec, task=await own_task(spec.task, self._offload))
         ctx = Context(episode_id=spec.id, task=spec.task, env=self.env)
         st = _State(spec)
         try:
@@ -259,7 +323,9 @@ class EpisodeRunner:
     async def _open(self, st: _State) -> None:
         spec = st.spec
         messages = await usercode.call(self.env.prompt, spec.task, limit_s=None, what="env.prompt")
-        _, schemas = self._tools(spec.task)
+        check_prompt(messages)
+        st.tools, st.schemas = await self._tools(spec.task)
+        schemas = st.schemas
         size = text_size(messages)
         if (least := self.tok.min_tokens(size)) >= self.max_context:
             raise _Ended(
@@ -285,7 +351,7 @@ class EpisodeRunner:
         st.messages.extend(messages)
 
     async def _loop(self, st: _State, ctx: Context) -> None:
-        tools, schemas = self._tools(st.spec.task)
+        tools, schemas = st.tools, st.schemas
         for turn_idx in range(self.max_turns):
             start = st.response_len
             served, finish = await self._model_turn(st, turn_idx)

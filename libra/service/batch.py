@@ -15,7 +15,7 @@ import orjson
 from libra import usercode
 from libra.record import Trajectory
 from libra.rollout.batch import Runner
-from libra.rollout.episode import EpisodeSpec
+from libra.rollout.episode import EpisodeSpec, check_prompt
 from libra.rollout.tasks import episode_specs, task_id
 from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError
@@ -108,8 +108,8 @@ def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
         if prompt is None:
             continue
         try:
-            prompt(task)
-        except Exception as e:
+            check_prompt(prompt(task))
+        except BaseException as e:  # the env's code, in a worker thread: even SystemExit
             raise RequestError(
                 400, f"tasks[{i}]: the env cannot build a prompt from it: {usercode.describe(e)}"
             ) from None

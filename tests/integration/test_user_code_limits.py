@@ -21,6 +21,7 @@ from libra.record import Trajectory, read_jsonl
 from libra.rollout import rollout
 from tests.integration.test_rollout import cfg
 
+
 class BadStr(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no text")
@@ -303,3 +304,68 @@ def test_libra_rollout_exits_when_user_code_never_returns(
     for r in recs:
         assert r.turns[0].tool_returns[0].status == "timeout"
         assert (r.status, r.error) == ("error", "reward exceeded 1 s")
+
+
+def calc_tool(value: str) -> libra.Tool:
+    """A fresh `calculator` tool object that answers `value`."""
+
+    def calculator(expression: str, ctx: libra.Context) -> str:
+        """Answer the task's value.
+
+        Args:
+            expression: ignored.
+        """
+        ctx.task["calls"].append(value)  # a tool writing to its task
+        return value
+
+    return libra.tool(name="calculator")(calculator)
+
+
+A_TOOL, B_TOOL = calc_tool("7"), calc_tool("9")
+
+
+class Varied(libra.Env):
+    """`tools_for` gives each task a fresh list of one of two tools."""
+
+    max_turns = 3
+
+    def tools_for(self, task: dict[str, Any]) -> list[libra.Tool]:
+        return [A_TOOL if task["kind"] == "a" else B_TOOL]
+
+    def prompt(self, task: dict[str, Any]) -> Any:
+        if task["kind"] == "text":
+            return "What is 2 + 3?"  # a str, not messages
+        return [{"role": "user", "content": "What is 2 + 3?"}]
+
+    def reward(self, task: dict[str, Any], trajectory: Any) -> Any:  # type: ignore[override]
+        return 1.0, {"calls": list(task["calls"])}
+
+
+async def test_each_episode_gets_its_task_s_tools_and_a_task_of_its_own(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    """Two bugs seen by a hostile env: schemas were cached by the id of the list
+    `tools_for` returned, so a fresh list of another task's tools could get a freed
+    list's entry (the prompt offered one tool, the call ran the other: 499 of 1,000
+    calls in a direct check); and a group's episodes shared one task dict, so what one
+    wrote to `ctx.task` its siblings saw. A prompt that is not messages is an error."""
+    registry.envs.register("test-varied", Varied())
+    kinds = ["a", "b"] * 12 + ["text"]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps({"id": f"{k}{i}", "kind": k, "calls": []}) + b"\n"
+                               for i, k in enumerate(kinds)))  # fmt: skip
+    c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[fake_vllm.url])],
+            env="test-varied", tasks=str(tasks), concurrency=1, group_size=2)  # fmt: skip
+    await rollout(c, progress=False)
+    recs = read_jsonl(c.out)
+    assert len(recs) == 2 * len(kinds)
+    for r in recs:
+        if r.task_id.startswith("text"):
+            assert r.status == "error" and r.error == (
+                "TypeError: env.prompt returned a str; return a list of chat messages: "
+                '[{"role": "user", "content": "..."}]'
+            )
+            continue
+        want = "7" if r.task_id.startswith("a") else "9"
+        assert r.status == "ok" and r.answer == want, (r.task_id, r.answer)
+        assert (r.reward_info or {})["calls"] == [want]  # its own copy of the task
