@@ -53,16 +53,21 @@ class EndpointConfig(Config):
     """Sent as `Authorization: Bearer ...` when set."""
 
 
+SEED_MAX = 2**62
+"""The largest sampling seed (a derived seed adds the episode's index and turn)."""
+
+
 class SamplingConfig(Config):
     """Sampling for every model turn (sent explicitly: vLLM otherwise fills omitted fields
     from the model's generation_config.json)."""
 
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     max_tokens: int = Field(512, ge=1)
     """Tokens per model turn (also capped by the context left)."""
-    seed: int | None = None
-    """Per-episode seeds derive from it (seed + episode index) when set."""
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    """Per-episode seeds derive from it (seed + episode index) when set; at most
+    `SEED_MAX`, so that every derived seed fits the 64-bit seed of vLLM and torch."""
     logprobs: int = Field(0, ge=0, le=20)
     """`logprobs` sent to `/v1/completions`: 0 returns just the sampled token's log-prob
     (all Libra records); more adds top-k alternatives nobody reads."""

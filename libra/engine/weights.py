@@ -107,13 +107,17 @@ def server_base(url: str) -> str:
 
 
 def not_a_checkpoint(folder: Path) -> str | None:
-    """What `folder` lacks to be a checkpoint `load_weights` can load, or None."""
-    if not folder.is_dir():
-        return "no such folder"
-    if not (folder / "config.json").is_file():
-        return "no config.json"
-    if not any(folder.glob("*.safetensors")):
-        return "no *.safetensors weights"
+    """What `folder` lacks to be a checkpoint `load_weights` can load, or None (a path
+    the OS refuses to look at, too long or not readable, lacks it all)."""
+    try:
+        if not folder.is_dir():
+            return "no such folder"
+        if not (folder / "config.json").is_file():
+            return "no config.json"
+        if not any(folder.glob("*.safetensors")):
+            return "no *.safetensors weights"
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or type(e).__name__})"
     return None
 
 

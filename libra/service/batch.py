@@ -13,6 +13,7 @@ from typing import Any, Literal
 import orjson
 
 from libra import usercode
+from libra.endpoints.config import SamplingConfig
 from libra.record import Trajectory
 from libra.rollout.batch import Runner
 from libra.rollout.episode import EpisodeSpec, check_prompt
@@ -22,6 +23,10 @@ from libra.service.errors import RequestError
 from libra.service.spool import Spool
 
 BatchState = Literal["running", "done", "cancelled"]
+
+MAX_TASK_ID = 256
+"""Characters of a submitted task's id (one of 1,000,000 made a 300-episode batch's
+spool 860 MB and held the loop seconds when it was cancelled)."""
 
 
 @dataclass(eq=False)
@@ -82,11 +87,13 @@ def request_digest(doc: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def submit_digest(req: SubmitRequest) -> str:
-    """`request_digest` of a submit request (the same as of its `model_dump(mode="json")`
-    for a JSON body, without dumping its tasks again)."""
+def submit_digest(req: SubmitRequest, base: SamplingConfig) -> str:
+    """`request_digest` of a submit request, with the sampling the batch runs with (the
+    service's `base` with the keys the request names): over the request's own fields,
+    a body naming `max_tokens: 512` matched a batch that runs with the service's 16,
+    and the very body that matched it was refused."""
     return request_digest({"env": req.env, "tasks": req.tasks, "group_size": req.group_size,
-                           "sampling": req.sampling.model_dump(mode="json"),
+                           "sampling": req.sampling_over(base).model_dump(mode="json"),
                            "step": req.step, "weight": req.weight})  # fmt: skip
 
 
@@ -100,6 +107,11 @@ def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
     seen: dict[str, int] = {}
     for i, task in enumerate(tasks):
         tid = task_id(task)
+        if len(tid) > MAX_TASK_ID:
+            raise RequestError(
+                400, f"tasks[{i}]: an id of {len(tid):,} characters; ids name every episode "
+                f"and record of the task (three times each): give at most {MAX_TASK_ID}",
+            )  # fmt: skip
         if tid in seen:
             raise RequestError(
                 400, f"tasks[{i}] repeats the id {tid!r} of tasks[{seen[tid]}]; ids must be unique"

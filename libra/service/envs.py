@@ -56,7 +56,7 @@ class EnvHost:
     def get(self, name: str) -> Env:
         if name not in self._specs:
             raise RequestError(
-                400, f"unknown env {name!r}; this service hosts: {', '.join(self.names())}"
+                400, f"unknown env {_cut(name)!r}; this service hosts: {', '.join(self.names())}"
             )
         if name not in self._envs:
             try:
@@ -73,6 +73,11 @@ class EnvHost:
         entry = self._specs[name]
         self._envs[name] = load_env(entry.spec, entry.options)
         self._policies[name] = make_policy(self._policy_name, self._buckets, self._routing)
+
+
+def _cut(name: str, keep: int = 100) -> str:
+    """A client's env name as an error echoes it: at most `keep` characters."""
+    return name if len(name) <= keep else f"{name[:keep]}... ({len(name):,} characters)"
 
 
 __all__ = ["EnvHost"]

@@ -257,7 +257,7 @@ class BatchManager:
         async with self._submit_lock:
             if self.write_error is not None:
                 raise RequestError(507, self._full_message())
-            digest = await asyncio.to_thread(submit_digest, req)
+            digest = await asyncio.to_thread(submit_digest, req, self.config.sampling)
             batch_id = req.batch_id or uuid.uuid4().hex[:16]
             if self.known(batch_id):
                 batch = await self.get(batch_id)

@@ -126,7 +126,11 @@ def sender_url(url: str, peer: str | None, *, exposed: bool) -> str:
 
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if parts.scheme != "http" or not host or parts.port is None:
+    try:
+        port = parts.port
+    except ValueError:  # out of range, or not a number
+        port = None
+    if parts.scheme != "http" or not host or port is None:
         raise RequestError(400, f"sender {url!r} is not an http://HOST:PORT URL "
                                 "(libra.weights.remote.serve_sender gives one)")  # fmt: skip
     if host == peer or (not exposed and is_loopback(host)):

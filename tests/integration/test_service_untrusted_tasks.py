@@ -57,3 +57,44 @@ async def test_swe_repair_tasks_cannot_name_host_files(
         assert not (svc.spool / "p0").exists()
     finally:
         svc.close()
+
+
+async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_runs(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """Fields a probe got past submit: an infinite temperature (run, then stored as null:
+    every episode failed after a restart), a seed past 64 bits (episodes failed), a task
+    id of a million characters (a 300-episode batch made an 860 MB spool), an env name
+    echoed whole (a 1 MB error), a checkpoint path or sender port the OS or the URL
+    parser refuses (500s). And a resubmit is compared on the sampling the batch runs."""
+    url, _ = spawn_fake()
+    svc = Service(tmp_path, tiny_model, [url], "--max-tokens", "16")
+    base = svc.start()
+    task = {"id": "q", "question": "1+1?", "answer": "2"}
+    try:
+        for change, says in (
+            ({"sampling": {"temperature": "inf"}}, "sampling.temperature"),
+            ({"sampling": {"top_p": "NaN"}}, "sampling.top_p"),
+            ({"sampling": {"seed": 2**64 - 1}}, "sampling.seed"),
+            ({"tasks": [{**task, "id": "I" * 1_000_000}]}, "an id of 1,000,000 characters"),
+            ({"env": "x" * 1_000_000}, "unknown env 'xxx"),
+        ):
+            status, doc = await post(base, {"env": "arith", "tasks": [task], **change})
+            assert status == 400 and says in doc["error"], (change, doc)
+            assert len(doc["error"]) < 2000
+        async with aiohttp.ClientSession() as s:
+            for body, says in (
+                ({"version": 1, "path": "/" + "a" * 60_000}, "cannot be read"),
+                ({"version": 1, "sender": "http://127.0.0.1:99999"}, "not an http://HOST:PORT"),
+            ):
+                async with s.post(base + "/v1/weights", json=body) as r:
+                    doc = orjson.loads(await r.read())
+                    assert r.status == 400 and says in doc["error"], doc
+        # The service runs turns of 16 tokens: a body naming 16 is the same batch, one
+        # naming 512 is not.
+        body = {"env": "arith", "tasks": [task], "batch_id": "same"}
+        assert (await post(base, body))[0] == 201
+        assert (await post(base, {**body, "sampling": {"max_tokens": 16}}))[0] == 200
+        assert (await post(base, {**body, "sampling": {"max_tokens": 512}}))[0] == 409
+    finally:
+        svc.close()

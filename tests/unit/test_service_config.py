@@ -46,7 +46,7 @@ def test_a_batch_s_weight_is_part_of_its_request_and_must_be_positive() -> None:
     one = SubmitRequest(env="arith", tasks=[{"id": "a"}])
     same = SubmitRequest(env="arith", tasks=[{"id": "a"}], weight=1.0)
     three = SubmitRequest(env="arith", tasks=[{"id": "a"}], weight=3.0)
-    digest = [submit_digest(r) for r in (one, same, three)]
+    digest = [submit_digest(r, SamplingConfig()) for r in (one, same, three)]
     assert digest[0] == digest[1] != digest[2]  # a resubmit with another weight is another request
     # the default leaves the digest of a request stored before weights existed unchanged
     assert digest[0] == request_digest({k: v for k, v in one.model_dump(mode="json").items()
