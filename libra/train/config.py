@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from libra.cluster.config import ClusterSection, VllmSection
 from libra.config import Config
@@ -287,7 +287,15 @@ class TrainConfig(Config):
     """A `libra train` run."""
 
     out: str = "runs/train"
-    """Run folder: metrics, decision log, plots, checkpoints, logs."""
+    """Run folder: metrics, decision log, plots, checkpoints, logs (not empty: `""` is
+    the working folder)."""
+
+    @field_validator("out")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError('names no folder; give one, e.g. out = "runs/train"')
+        return v
     seed: int = 0
     """Seeds the RL run: task order, sampling, the trainer. The made model and its warm
     start have their own (`model.seed`)."""

@@ -94,25 +94,60 @@ def _as_now(cls: type[TrainConfig], saved: dict[str, Any]) -> dict[str, Any]:
         return saved
 
 
+RUN_KEYS = frozenset({"out", "seed", "steps", "model", "data", "rollout", "trainer"})
+"""Keys the `config.json` of every `libra train` run has (a model folder's has none)."""
+
+
+def is_run(out: Path) -> bool:
+    """Whether `out` holds a `libra train` run: a `config.json` that is a run's config
+    (a model folder has a `config.json` too)."""
+    try:
+        doc = json.loads((out / "config.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.keys() >= RUN_KEYS
+
+
+def _check_replaceable(out: Path, why: str) -> None:
+    """A `ConfigError` unless `out` is a run's folder that may be deleted: never a folder
+    that is not a run (a model, a home), nor the working folder or one above it."""
+    here = Path.cwd().resolve()
+    target = out.resolve()
+    if target == here or target in here.parents:
+        raise ConfigError(f"out {str(out)!r} is the working folder or holds it; set another out")
+    if not is_run(out):
+        names = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        raise ConfigError(
+            f"{out} is not empty ({names}) and is not a libra train run, so it is left as "
+            f"it is ({why}); set another out"
+        )
+
+
 def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] | None]:
     """The run folder, and the state to resume from (None: a new run).
 
     An existing run in `out` is resumed when its config matches (only the keys of
-    `RESUME_FREE` may differ); `fresh` deletes it first."""
+    `RESUME_FREE` may differ); `fresh` deletes it first. Only a run's folder is ever
+    deleted (`is_run`): `--fresh` deleted whatever `out` named, and a model folder (it
+    has a `config.json`) was taken for a run that never reached a checkpoint."""
     out = Path(cfg.out)
-    if fresh and out.exists():
+    if not cfg.out.strip():
+        raise ConfigError("out is empty; name the run's folder (e.g. out = \"runs/train\")")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out {str(out)!r} is a file; name a folder for the run")
+    if fresh and out.exists() and any(out.iterdir()):
+        _check_replaceable(out, "--fresh replaces only a run's folder")
         shutil.rmtree(out)
     state = read_state(out) if out.is_dir() else None
     if state is None:
         if out.exists() and any(out.iterdir()):
-            if not (out / "config.json").is_file():
-                names = ", ".join(sorted(p.name for p in out.iterdir())[:4])
-                raise ConfigError(
-                    f"{out} is not empty ({names}) and is not a libra train run; "
-                    "set another out (or pass --fresh to replace it)"
-                )
+            _check_replaceable(out, "pass --fresh only to replace a run")
             shutil.rmtree(out)  # a run of ours that never reached a checkpoint: redo it
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"out {str(out)!r} cannot be made ({e.strerror or e}); "
+                              "name a folder this user can write") from None  # fmt: skip
         write_json(out / "config.json", cfg.model_dump(mode="json"))
         return out, None
     saved = _comparable(_as_now(type(cfg), json.loads((out / "config.json").read_text())))
