@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from typing import Any, TypeVar
 
 from libra.record import Trajectory
@@ -21,6 +22,12 @@ def no_sigint(fn: Callable[..., T]) -> Callable[..., T]:
     running until `libra train` has saved its checkpoint and stops them itself."""
 
     def wrapped(*args: Any) -> T:
+        # multiprocessing starts its resource tracker at the first spawn, and *unblocks*
+        # SIGINT in the calling thread after starting it (it blocks it around the spawn
+        # and then unblocks it, whatever the mask was): every process spawned after it in
+        # this call got a terminal's Ctrl-C, and a rank died of it. Started first, here,
+        # it leaves the mask alone.
+        resource_tracker.ensure_running()
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             return fn(*args)
