@@ -49,13 +49,19 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file")
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} is not a file; pass a .toml file")
     try:
         with open(p, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot be read ({e.strerror or e})") from None
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

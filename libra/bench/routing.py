@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from libra.cli.common import count
+from libra.cli.common import count, seed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calls", type=count, default=20_000, help="decisions timed per round")
     p.add_argument("--rounds", type=count, default=5, help="timing rounds (default 5)")
     p.add_argument("--repeat", type=count, default=9, help="runs per call, intrinsic p99")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument(
         "--routing",
         action="append",

@@ -3,13 +3,52 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from libra.errors import ConfigError
+
+
+def output_file(path: str | Path, flag: str) -> Path:
+    """`path` as a file a command may write, its folder made; else a `ConfigError` naming
+    `flag` (a folder, `""`, a path under a file or where this user cannot write were
+    tracebacks, some after the work was done)."""
+    if not str(path).strip():
+        raise ConfigError(f"{flag} names no file; give a file path")
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {str(p)!r} is a folder; give a file path in it")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = e.strerror or e
+        raise ConfigError(
+            f"{flag} {str(p)!r}: its folder cannot be made ({why}); give a path this user can write"
+        ) from None
+    if not os.access(p.parent, os.W_OK):
+        raise ConfigError(f"{flag} {str(p)!r}: its folder is not writable; give a path "
+                          "this user can write")  # fmt: skip
+    return p
+
+
+@contextlib.contextmanager
+def replaced(out: Path, opener: Callable[..., Any] = open) -> Iterator[Any]:
+    """A binary file to write that becomes `out` when the block ends well: written
+    beside it and renamed, so a failure part way leaves `out` as it was."""
+    part = out.with_name(f".{out.name}.part")
+    try:
+        with opener(part, "wb") as f:
+            yield f
+        part.replace(out)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -32,6 +71,21 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
             raise ConfigError(f"{flag} {item!r}: expected {example}")
         out.append((key.strip(), value.strip()))
     return out
+
+
+def nonnegative(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
+    return n
+
+
+seed = nonnegative
+"""An argparse type for seeds (numpy's generators take no negative one)."""
 
 
 def count(text: str) -> int:
@@ -118,7 +172,7 @@ def add_fleet_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bucket", action="append", metavar="NAME=TP:BOUND", help="declare a bucket (repeatable)"
     )
-    p.add_argument("--launch", type=int, metavar="N", help="engines to start per bucket")
+    p.add_argument("--launch", type=nonnegative, metavar="N", help="engines to start per bucket")
     p.add_argument("--launch-kind", choices=("embedded", "vllm"),
                    help="what --launch starts: embedded engines (default) or vLLM servers at "
                    "each bucket's TP size ([launch.vllm] or LIBRA_VLLM_PYTHON names the "

@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
     buckets = buckets_from_args(args)
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"--policy names no policy; known: {', '.join(POLICIES)}")
     for n in names:
         if n not in POLICIES:
             raise ConfigError(f"--policy {n!r}: unknown; known: {', '.join(POLICIES)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from libra.cli.common import add_json_flag, print_json, progress
+from libra.cli.common import add_json_flag, print_json, progress, seed
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         ),
     )
     p.add_argument("dir", metavar="DIR", help="folder to create (must be new or empty)")
-    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="weight seed (default 0)")
     p.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
     src = p.add_mutually_exclusive_group()
     src.add_argument(

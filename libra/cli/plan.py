@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, count, print_json, progress
+from libra.cli.common import add_json_flag, count, print_json, progress, seed
 from libra.errors import ConfigError
 
 
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     )
     p.add_argument("--group", type=count, default=None, help="samples per prompt (default 16)")
     p.add_argument("--step", type=int, default=0, help="training step of a generated workload")
-    p.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
+    p.add_argument("--seed", type=seed, default=0, help="seed of a generated workload")
     p.add_argument(
         "--sync",
         action="store_true",
@@ -106,6 +106,7 @@ def load_workload(spec: str, batch: int | None, group: int | None, step: int, se
 
 
 def run(args: argparse.Namespace) -> int:
+    from libra.config import build
     from libra.planner import PlannerSettings, calibrate_local, load_hardware, load_model, plan
 
     model = load_model(args.model)
@@ -117,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         hw = load_hardware(args.hardware)
     stats = load_workload(args.workload, args.batch, args.group, args.step, args.seed)
-    settings = PlannerSettings(sync=args.sync, **({"bins": args.bins} if args.bins else {}))
+    given = {"sync": args.sync, **({"bins": args.bins} if args.bins else {})}
+    settings = build(PlannerSettings, given, "flags")
     result = plan(
         model,
         hw,

@@ -16,6 +16,7 @@ from libra.cli.common import (
     overrides,
     print_json,
     ray_overrides,
+    seed,
 )
 from libra.errors import ConfigError
 
@@ -63,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     add_fleet_flags(p)
     add_ray_flag(p)
     add_set_flag(p, "--set limits.episode_timeout_s=600 --set launch.vllm.device=cpu")
-    p.add_argument("--seed", type=int, help="sampling seed (per episode: seed + index)")
+    p.add_argument("--seed", type=seed, help="sampling seed (per episode: seed + index)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     add_json_flag(p)
     return p

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from libra.cli.common import progress
+from libra.cli.common import progress, seed
 from libra.errors import ConfigError
 
 
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--max-num-seqs", type=int, default=64, help="most sequences per batch (64)")
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV cache budget in GiB (2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--seed", type=int, help="seed of the sampler for requests without a seed")
+    p.add_argument("--seed", type=seed, help="seed of the sampler for requests without a seed")
     p.add_argument(
         "--dtype",
         choices=("auto", "float32", "bfloat16"),
@@ -44,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port {args.port}: expected 0..65535")
-    if args.max_num_seqs < 1 or args.threads < 1 or args.kv_cache_gib <= 0:
-        raise ConfigError("--max-num-seqs and --threads must be >= 1, --kv-cache-gib > 0")
+    if args.max_num_seqs < 1 or args.threads < 1 or not 0 < args.kv_cache_gib < 1 << 20:
+        raise ConfigError(
+            "--max-num-seqs and --threads must be >= 1, --kv-cache-gib a number of GiB > 0"
+        )
     model = args.model or str(ensure_default_model())
     engine = EmbeddedEngine(
         model,

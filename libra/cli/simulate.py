@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, count, print_json, progress, routing_options
+from libra.cli.common import add_json_flag, count, print_json, progress, routing_options, seed
 from libra.errors import ConfigError
 
 
@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         "ceiling, and the diagnostics libra-oracle-routing, libra-oracle-from-first-return; "
         "all = every one but the diagnostics)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
+    p.add_argument("--seed", type=seed, default=0, help="seed of a generated workload")
     p.add_argument(
         "--prompts",
         type=count,

@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
         doc = describe(cfg)
         print_json(doc) if args.json else print(render(doc))
-        return 0
+        # A problem any machine has (no such env, tasks file, hardware) fails the check;
+        # a layout this host cannot run (a GPU config planned here) is shown, not failed.
+        return 2 if doc["problems"] else 0
     if args.json and cfg.report.display == "auto":
         cfg.report.display = "lines"
     from libra.train.run import run_cli

@@ -13,7 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import add_json_flag, parse_pairs, print_json, progress
+from libra.cli.common import (
+    add_json_flag,
+    output_file,
+    parse_pairs,
+    print_json,
+    progress,
+    replaced,
+    seed,
+)
 from libra.errors import ConfigError
 
 
@@ -39,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--first-step", type=int, default=0, help="first step number (default 0)")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (default 32)")
     p.add_argument("--group", type=int, default=16, help="samples per prompt (default 16)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument(
         "--param",
         action="append",
@@ -77,10 +85,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--steps must be >= 1 and --first-step >= 0")
     params = _params(args.param)
     law = oracle.law_of(args.name, params) if args.name in oracle.FAMILIES else None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    opener: Any = gzip.open if args.out.suffix == ".gz" else open
+    out = output_file(args.out, "--out")
+    if args.name not in oracle.FAMILIES:
+        workloads.spec(args.name, params)  # a bad name or field: an error before any write
+    opener: Any = gzip.open if out.suffix == ".gz" else open
     n = 0
-    with opener(args.out, "wb") as f:
+    with replaced(out, opener) as f:
         for step in range(args.first_step, args.first_step + args.steps):
             if law is not None:
                 docs = oracle.sample_oracle(law, args.prompts, args.group, step=step,

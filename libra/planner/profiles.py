@@ -341,7 +341,12 @@ def load_hardware(spec: str) -> HardwareProfile:
     if spec.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise ConfigError(f"hardware profile file {spec!r} not found")
-        return hardware_from_dict(_read_toml(path.read_text(), spec), spec)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"hardware profile file {spec!r} cannot be read as UTF-8 text "
+                              f"({e}); pass a profile .toml file") from None  # fmt: skip
+        return hardware_from_dict(_read_toml(text, spec), spec)
     ref = _data_dir("hardware").joinpath(f"{spec}.toml")
     if spec == "local" or not ref.is_file():
         known = ", ".join(known_hardware())

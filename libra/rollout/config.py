@@ -10,6 +10,7 @@ from libra.cluster.config import ClusterSection, LaunchSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.rollout.toolrun import DEFAULT_MAX_OUTPUT_BYTES
+from libra.routing.config import PolicyName, RoutingTable
 
 
 class LimitsConfig(Config):
@@ -64,11 +65,11 @@ class RolloutConfig(Config):
     """Batch id stamped on records. Default: a fresh random id."""
     step: int = Field(0, ge=0)
     """Policy version (training step) stamped on records."""
-    policy: str = "cmlfq"
+    policy: PolicyName = "cmlfq"
     """Routing policy: `cmlfq` (causal prefix tree, docs/cmlfq.md), `mlfq` (demote when
     the running length crosses the bound), `predictor` (length regression, routes once)
     or `static` (smallest bucket that fits the prompt, never moves)."""
-    routing: dict[str, Any] = Field(default_factory=dict)
+    routing: RoutingTable = Field(default_factory=dict)
     """Options of the routing policy (`libra.routing.RoutingConfig`: size classes,
     `tree_path` to keep the C-MLFQ tree across runs, `update` mode, KV-aware moves)."""
     buckets: list[BucketConfig] = Field(default_factory=list)

@@ -6,9 +6,9 @@ One config serves every policy; a policy ignores the fields that are not its own
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from libra.config import Config
 
@@ -96,4 +96,24 @@ class RoutingConfig(Config):
         return self
 
 
-__all__ = ["RoutingConfig"]
+PolicyName = Literal["cmlfq", "mlfq", "predictor", "static"]
+"""The routing policies a config may name (`libra.routing.make_policy`)."""
+
+
+def routing_table(table: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic after-validator for a config's `routing` table: its keys and values
+    are `RoutingConfig`'s (checked when the config loads, not when a run has started)."""
+    try:
+        RoutingConfig.model_validate(table)
+    except ValidationError as e:
+        from libra.config import format_validation_error
+
+        raise ValueError(format_validation_error(e, "routing")) from None
+    return table
+
+
+RoutingTable = Annotated[dict[str, Any], AfterValidator(routing_table)]
+"""A `routing` table validated as `RoutingConfig` (kept as the table the user wrote)."""
+
+
+__all__ = ["PolicyName", "RoutingConfig", "RoutingTable", "routing_table"]

@@ -13,6 +13,7 @@ from libra.cluster.config import ClusterSection, LaunchSection
 from libra.config import Config
 from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.rollout.config import LimitsConfig
+from libra.routing.config import PolicyName, RoutingTable
 
 BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """Batch ids name spool folders: letters, digits, `.`, `_`, `-`; no path separators."""
@@ -75,10 +76,10 @@ class ServiceConfig(Config):
     out near 1,000 turns/s). 1: this process runs them. N > 1: N rollout workers behind
     this process's one HTTP API and spool, restarted when one dies (its running episodes
     run again); docs/service.md "Rollout workers"."""
-    policy: str = "static"
+    policy: PolicyName = "static"
     """Routing policy (`static`, or one registered in `libra.routing`); one instance per
     env, shared by that env's batches."""
-    routing: dict[str, Any] = Field(default_factory=dict)
+    routing: RoutingTable = Field(default_factory=dict)
     """Options of the routing policy."""
     buckets: list[BucketConfig] = Field(default_factory=list)
     """Buckets in order of their bound. Default: one bucket `tp1` with one launched

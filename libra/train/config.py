@@ -19,6 +19,7 @@ should be greater than or equal to 2 (got 1)`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -29,6 +30,7 @@ from libra.endpoints.config import BucketConfig, EndpointConfig, SamplingConfig
 from libra.planner.replan import ReplanConfig
 from libra.planner.settings import PlannerSettings
 from libra.rollout.config import LimitsConfig
+from libra.routing.config import PolicyName, RoutingTable
 from libra.trainer.config import (
     ElasticConfig,
     GRPOConfig,
@@ -45,7 +47,7 @@ class ModelSection(Config):
     profile: str | None = None
     """Planner model profile (`qwen3-14b`, ...) when `path` is not on this machine
     (GPU configs planned with `--dry-run`). Default: the folder's config.json."""
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     """Seeds the made model's weights and its warm start (demonstrations, their order).
     The run's `seed` does not change them: seeds compare RL runs from one starting
     checkpoint, as with a pretrained model. (Measured: when the tiny model learns the
@@ -105,9 +107,9 @@ class RolloutSection(Config):
     1: the training process. N > 1: N rollout workers (`libra.rollout.workers`); this
     process admits episodes, trains on the records and owns the fleet, whose changes
     the workers follow."""
-    policy: str = "cmlfq"
+    policy: PolicyName = "cmlfq"
     """Routing policy: `cmlfq`, `mlfq`, `predictor` or `static`."""
-    routing: dict[str, Any] = Field(default_factory=dict)
+    routing: RoutingTable = Field(default_factory=dict)
     """Options of the routing policy (`libra.routing.RoutingConfig`)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -190,7 +192,16 @@ class WeightsSection(Config):
     routes); no file per step. `disk`: each version written as an HF folder under
     `out/weights/` and loaded by every engine (needs a filesystem they all see)."""
     host: str = "127.0.0.1"
-    """Broadcast: the address engines reach the trainer at (its node's, on a cluster)."""
+    """Broadcast: the address engines reach the trainer at (its node's, on a cluster): a
+    host name or an IP address."""
+
+    @field_validator("host")
+    @classmethod
+    def _a_host(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9.:\-%]{1,253}", v):
+            raise ValueError("expected a host name or an IP address, e.g. 10.0.0.5")
+        return v
+
     bucket_mb: int = Field(64, ge=1)
     """Broadcast: tensors travel in buckets of at most this size (one tensor may be
     larger)."""
@@ -218,7 +229,9 @@ class FleetSection(Config):
     hybrid_start: Literal["rollout", "train", "plan"] = "plan"
     """Where hybrids start: `plan` (the planner's choice on the demonstrations'
     workload, or rollout without a warm start), `rollout` or `train`."""
-    buckets: list[BucketConfig] = Field(default_factory=lambda: [BucketConfig(name="tp1")])
+    buckets: list[BucketConfig] = Field(
+        default_factory=lambda: [BucketConfig(name="tp1")], min_length=1
+    )
     """Buckets of the rollout side; the core engines are dealt over them in order, a
     hybrid's engine joins the first bucket (embedded engines are TP 1; a vLLM instance
     runs at its bucket's `tp`)."""
@@ -241,6 +254,14 @@ class FleetSection(Config):
     @property
     def total(self) -> int:
         return self.devices or (self.core_rollout + self.core_train + self.hybrids)
+
+    @field_validator("buckets")
+    @classmethod
+    def _named_once(cls, buckets: list[BucketConfig]) -> list[BucketConfig]:
+        names = [b.name for b in buckets]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"bucket names must differ; {', '.join(twice)} is named twice")
+        return buckets
 
 
 class PlannerSection(Config):
@@ -296,6 +317,7 @@ class TrainConfig(Config):
         if not v.strip():
             raise ValueError('names no folder; give one, e.g. out = "runs/train"')
         return v
+
     seed: int = 0
     """Seeds the RL run: task order, sampling, the trainer. The made model and its warm
     start have their own (`model.seed`)."""

@@ -1,0 +1,87 @@
+"""Bad input to the command line is one line naming the problem and the fix, exit 2, and
+nothing is written or destroyed (each case below was a traceback, a wrong exit status,
+or a file emptied)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from libra.cli import main
+from tests.conftest import ROOT
+
+TRAIN = str(ROOT / "examples/cpu-train.toml")
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code  # type: ignore[assignment]
+    err = capsys.readouterr().err.strip()
+    assert code == 2, (argv, err)
+    assert err.startswith("libra: error: ") and "\n" not in err, err
+    assert says in err, err
+
+
+def test_bad_values_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'out = "\xff\xfe"\n')
+    cases = [
+        (["train", str(latin), "--dry-run"], "not UTF-8 text"),
+        (["train", str(tmp_path), "--dry-run"], "is not a file"),
+        (["plan", "--gpus", "8", "--hardware", str(latin)], "cannot be read as UTF-8 text"),
+        (["plan", "--gpus", "8", "--seed", "-1"], "expected an integer >= 0, got -1"),
+        (["plan", "--gpus", "8", "--bins", "100000"], "bins: Input should be less than"),
+        (["make-model", str(tmp_path / "m"), "--seed", "-1"], "expected an integer >= 0"),
+        (["rollout", "--endpoint", "tp1=http://127.0.0.1:9", "--launch", "-1"],
+         "argument --launch: expected an integer >= 0"),
+        (["serve-engine", "--kv-cache-gib", "nan"], "--kv-cache-gib a number of GiB > 0"),
+        (["serve-engine", "--kv-cache-gib", "inf"], "--kv-cache-gib a number of GiB > 0"),
+        (["train", TRAIN, "--dry-run", "--set", "rollout.policy=nosuch"],
+         "rollout.policy: Input should be 'cmlfq', 'mlfq', 'predictor' or 'static'"),
+        (["train", TRAIN, "--dry-run", "--set", "rollout.routing={bogus=1}"],
+         "routing: bogus: unknown key"),
+        (["train", TRAIN, "--dry-run", "--set", "fleet.buckets=[]"], "fleet.buckets"),
+        (["train", TRAIN, "--dry-run", "--set", 'fleet.buckets=[{name="a"},{name="a"}]'],
+         "a is named twice"),
+        (["train", TRAIN, "--dry-run", "--set", 'weights.host="not a host"'],
+         "expected a host name or an IP address"),
+        (["train", TRAIN, "--dry-run", "--set", "model.seed=-1"], "model.seed"),
+    ]  # fmt: skip
+    for argv, says in cases:
+        one_line_error(capsys, argv, says)
+
+
+def test_eval_routing_needs_a_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert main(["workload", "search-r1", "--out", str(trace), "--steps", "1",
+                 "--prompts", "2", "--group", "2"]) == 0  # fmt: skip
+    capsys.readouterr()
+    one_line_error(capsys, ["eval-routing", str(trace), "--policy", ","], "names no policy")
+
+
+def test_workload_writes_its_file_whole_or_not_at_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keep = tmp_path / "keep.jsonl"
+    keep.write_text("important\n")
+    one_line_error(capsys, ["workload", "nosuch", "--out", str(keep)], "unknown workload")
+    one_line_error(capsys, ["workload", "search-r1", "--out", str(keep),
+                            "--param", "nosuch=1"], "has no field")  # fmt: skip
+    assert keep.read_text() == "important\n"  # it was emptied before the name was checked
+    one_line_error(capsys, ["workload", "search-r1", "--out", str(tmp_path)], "is a folder")
+    one_line_error(capsys, ["workload", "search-r1", "--out", str(keep / "x.jsonl")],
+                   "its folder cannot be made")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl"]  # no part left
+
+
+def test_a_dry_run_that_finds_what_stops_a_run_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["train", TRAIN, "--dry-run", "--set", "data.train=/nonexistent.jsonl"]) == 2
+    assert "a run stops here: data.train: tasks file '/nonexistent.jsonl' not found" in (
+        capsys.readouterr().out
+    )
+    assert main(["train", TRAIN, "--dry-run"]) == 0
