@@ -132,7 +132,7 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
     has a `config.json`) was taken for a run that never reached a checkpoint."""
     out = Path(cfg.out)
     if not cfg.out.strip():
-        raise ConfigError("out is empty; name the run's folder (e.g. out = \"runs/train\")")
+        raise ConfigError('out is empty; name the run\'s folder (e.g. out = "runs/train")')
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out {str(out)!r} is a file; name a folder for the run")
     if fresh and out.exists() and any(out.iterdir()):
