@@ -90,6 +90,24 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
                 async with s.post(base + "/v1/weights", json=body) as r:
                     doc = orjson.loads(await r.read())
                     assert r.status == 400 and says in doc["error"], doc
+        # A web page the operator opens must not reach a tokenless loopback service: a
+        # browser's cross-site POST (text/plain needs no preflight) carries an Origin.
+        async with aiohttp.ClientSession() as s:
+            for origin in (
+                "http://attacker.example",
+                "null",
+                base.replace("127.0.0.1", "evil.test"),
+            ):
+                body_text = orjson.dumps({"env": "arith", "tasks": [task], "batch_id": "csrf"})
+                async with s.post(
+                    base + "/v1/rollouts",
+                    data=body_text,
+                    headers={"Content-Type": "text/plain", "Origin": origin},
+                ) as r:
+                    doc = orjson.loads(await r.read())
+                    assert r.status == 403 and "cross-site request" in doc["error"], doc
+            async with s.get(base + "/v1/rollouts/csrf") as r:
+                assert r.status == 404  # nothing was created
         # The service runs turns of 16 tokens: a body naming 16 is the same batch, one
         # naming 512 is not.
         body = {"env": "arith", "tasks": [task], "batch_id": "same"}
