@@ -110,8 +110,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         return _error(e.status, f"{e.reason}: {request.method} {request.path}" + (
             f" ({e.text})" if e.text and e.text != f"{e.status}: {e.reason}" else ""))  # fmt: skip
-    except (asyncio.CancelledError, ConnectionResetError):
+    except asyncio.CancelledError:
         raise
+    except ConnectionResetError:
+        if request.transport is not None and not request.transport.is_closing():
+            raise  # not the client's connection that broke
+        # The client left (a stream reader that disconnects, a body cut short): the
+        # normal end of a stream, not an error worth a traceback in the log for every
+        # reader. The response goes nowhere; aiohttp drops it quietly.
+        log.debug("%s %s: the client left", request.method, request.path)
+        return web.Response(status=499)
     except Exception as e:
         log.exception("%s %s failed", request.method, request.path)
         return _error(500, f"internal error: {type(e).__name__}: {e}")

@@ -116,3 +116,33 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
         assert (await post(base, {**body, "sampling": {"max_tokens": 512}}))[0] == 409
     finally:
         svc.close()
+
+
+async def test_readers_that_leave_are_not_errors_in_the_log(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """A stream reader that disconnects is the normal end of a stream (the client
+    reconnects); each one logged a 30-line traceback, and anyone could flood the log."""
+    url, _ = spawn_fake(delay=0.05)
+    svc = Service(tmp_path, tiny_model, [url])
+    base = svc.start()
+    try:
+        tasks = [{"id": f"q{i}", "question": "1+1?", "answer": "2"} for i in range(40)]
+        status, _ = await post(base, {"env": "arith", "tasks": tasks, "batch_id": "b"})
+        assert status == 201
+        for _ in range(10):
+            reader = aiohttp.ClientSession()
+            r = await reader.get(base + "/v1/rollouts/b/trajectories")
+            await r.content.readline()  # one record, then gone without a word
+            r.close()
+            await reader.close()
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(base + "/v1/rollouts/b/trajectories") as r,
+        ):
+            lines = [ln async for ln in r.content if ln.strip()]
+        assert len(lines) == 40  # every record, each once, after all that
+    finally:
+        svc.close()
+    log = svc.logs[0].read_text()
+    assert "Error handling request" not in log and "Traceback" not in log, log[-3000:]
