@@ -77,6 +77,11 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        if getattr(args, "json", False):
+            from libra.cli.common import json_stdout
+
+            with json_stdout():
+                return int(args._run(args) or 0)
         return int(args._run(args) or 0)
     except LibraError as e:
         print(f"libra: error: {e}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import json
 import os
 import sys
@@ -55,11 +56,28 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
+JSON_OUT: contextvars.ContextVar[Any] = contextvars.ContextVar("libra_json_out", default=None)
+"""Where `print_json` writes when `libra.cli.main` has pointed `sys.stdout` elsewhere."""
+
+
 def print_json(doc: Any) -> None:
-    sys.stdout.buffer.write(
+    out = JSON_OUT.get() or sys.stdout
+    out.buffer.write(
         orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
     )
-    sys.stdout.flush()
+    out.flush()
+
+
+@contextlib.contextmanager
+def json_stdout() -> Iterator[None]:
+    """For a `--json` command: stdout holds the one JSON document, so what anything else
+    prints meanwhile (an env's `print` in a tool or reward) goes to stderr."""
+    token = JSON_OUT.set(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        JSON_OUT.reset(token)
 
 
 def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple[str, str]]:

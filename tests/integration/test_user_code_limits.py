@@ -369,3 +369,51 @@ async def test_each_episode_gets_its_task_s_tools_and_a_task_of_its_own(
         want = "7" if r.task_id.startswith("a") else "9"
         assert r.status == "ok" and r.answer == want, (r.task_id, r.answer)
         assert (r.reward_info or {})["calls"] == [want]  # its own copy of the task
+
+
+CHATTY_ENV = '''
+import libra
+
+
+@libra.tool
+def calculator(expression: str) -> str:
+    """Prints as it works.
+
+    Args:
+        expression: what to evaluate.
+    """
+    print("debug: evaluating", expression)
+    return "5"
+
+
+class Chatty(libra.Env):
+    tools = [calculator]
+
+    def prompt(self, task):
+        print("debug: a prompt")
+        return [{"role": "user", "content": "What is 2 + 3?"}]
+
+    def reward(self, task, trajectory):
+        print("debug: scoring")
+        return 1.0
+'''
+
+
+def test_what_an_env_prints_does_not_break_json_output(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """`--json` promises one JSON document on stdout; an env's `print` went there too."""
+    import subprocess
+    import sys
+
+    url, _ = spawn_fake()
+    (tmp_path / "chatty.py").write_text(CHATTY_ENV)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(orjson.dumps({"id": "q0"}) + b"\n")
+    cmd = [sys.executable, "-m", "libra", "rollout", "--env", f"{tmp_path}/chatty.py:Chatty",
+           "--tasks", str(tasks), "--model", str(tiny_model), "--endpoint", f"tp1={url}",
+           "--out", str(tmp_path / "out.jsonl"), "--quiet", "--json"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert orjson.loads(p.stdout)["episodes"] == 1, p.stdout[:500]
+    assert "debug: scoring" in p.stderr and "debug: evaluating" in p.stderr
