@@ -51,7 +51,15 @@ from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError
 from libra.record import Trajectory
 from libra.rollout.episode import EpisodeSpec
-from libra.rollout.wire import Lesson, RawRecord, WireError, frame, read_frame, unpack_record
+from libra.rollout.wire import (
+    Lesson,
+    RawRecord,
+    WireError,
+    frame,
+    pack_record,
+    read_frame,
+    unpack_record,
+)
 from libra.rollout.worker import WorkerInit
 from libra.routing.base import RoutingPolicy
 
@@ -63,7 +71,9 @@ ABORT_WAIT_S = 10.0
 """How long a cancelled episode waits for its worker's `aborted` record."""
 MAX_LOST = 3
 """Workers that may die under one episode before it is recorded as an error (an episode
-that kills its worker must not kill them all in turn, forever)."""
+that kills its worker must not kill them all in turn, forever). An episode that shared
+a worker with such an episode each time is recorded so too (which one killed it cannot
+be told)."""
 HANG_S = 60.0
 """A worker that has sent nothing for this long, pings included, is hung (its event loop
 blocked: a sync call that never returns, a C extension holding the GIL): it is killed,
@@ -426,7 +436,9 @@ class WorkerPool:
             except WorkerLost:
                 lost += 1
                 if lost >= MAX_LOST:
-                    raise RuntimeError(f"{lost} workers died while running it") from None
+                    # The episode's record, not the batch's end: it raised here, and the
+                    # batch (`libra rollout`) stopped with every other episode aborted.
+                    return _lost_record(info, spec, lost)
                 continue
             except asyncio.CancelledError:
                 await self._cancel(w, key, fut, on_abort)
@@ -515,6 +527,15 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers if w is not None]
+
+
+def _lost_record(info: BatchInfo, spec: EpisodeSpec, lost: int) -> RawRecord:
+    """The `error` record of an episode whose workers died under it `lost` times."""
+    rec = Trajectory(id=spec.id, batch_id=spec.batch_id, task_id=spec.task_id,
+                     group_id=spec.group_id, env=info.env, step=spec.step, status="error",
+                     error=f"{lost} rollout workers died while running it (a process exit or "
+                     "crash in the env's code?); it is not run again")  # fmt: skip
+    return unpack_record(*pack_record(rec))
 
 
 class WorkerRunner:

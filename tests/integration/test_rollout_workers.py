@@ -71,3 +71,56 @@ def test_cli_workers_flag(tmp_path: Path, tiny_model: Path, spawn_fake) -> None:
     assert sorted(r.seq for r in recs) == list(range(12))
     assert all(r.status == "ok" for r in recs)
     assert r.stderr.count("rollout worker") == 2, r.stderr  # two started, none died
+
+
+KILLER_ENV = '''
+import os
+
+import libra
+from libra.envs.arith import Arith, calculator
+
+
+@libra.tool(name="calculator")
+def deadly(expression: str, ctx: libra.Context) -> str:
+    """Ends its whole process for one task.
+
+    Args:
+        expression: what to evaluate.
+    """
+    if ctx.task["id"] == "bad":
+        os._exit(7)
+    return calculator.fn(expression)
+
+
+class Killer(Arith):
+    tools = [deadly]
+'''
+
+
+async def test_an_episode_that_kills_its_worker_is_an_error_record_and_the_batch_goes_on(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """It killed the worker at every try; after MAX_LOST the batch itself raised, its
+    other episodes aborted, no summary."""
+    import orjson
+
+    from libra.rollout.workers import MAX_LOST
+
+    url, _ = spawn_fake()
+    (tmp_path / "killer.py").write_text(KILLER_ENV)
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [{"id": "bad", "question": "What is 2 + 3?", "answer": "5"}] + [
+        {"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)
+    ]
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[url])],
+            env=f"{tmp_path}/killer.py:Killer", tasks=str(tasks), concurrency=2,
+            workers=2)  # fmt: skip
+    summary = await rollout(c, progress=False)
+    recs = {r.task_id: r for r in read_jsonl(c.out)}
+    assert summary["episodes"] == len(recs) == 7
+    bad = recs.pop("bad")
+    assert bad.status == "error"
+    assert bad.error == (f"{MAX_LOST} rollout workers died while running it (a process exit "
+                         "or crash in the env's code?); it is not run again")  # fmt: skip
+    assert {r.status for r in recs.values()} == {"ok"}
