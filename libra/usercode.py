@@ -107,10 +107,31 @@ async def _in_task(coro: Any, what: str) -> Any:
         raise _tamed(e, what) from None
 
 
-@functools.cache
+_pools: list[ThreadPoolExecutor] = []
+_pools_lock = threading.Lock()
+_stuck_in: dict[concurrent.futures.Future[Any], ThreadPoolExecutor] = {}
+"""Calls left behind in a thread (past their limit), by the pool whose thread they hold."""
+MAX_POOLS = 8
+"""Pools made in all (`pool`): past that, stuck calls are not given new threads."""
+
+
 def pool() -> ThreadPoolExecutor:
-    """The user-code thread pool (made on first use, shared by every event loop)."""
-    return ThreadPoolExecutor(THREADS, thread_name_prefix="libra-user")
+    """The user-code thread pool (made on first use, shared by every event loop). Calls
+    stuck past their limits keep their threads: once half of a pool's are held so, new
+    calls go to a fresh pool (a service whose env hung 32 calls over its life ran no
+    plain-function hook of any env again: every call waited for a thread that never
+    came), up to `MAX_POOLS` in all."""
+    with _pools_lock:
+        current = _pools[-1] if _pools else None
+        stuck = sum(1 for p in _stuck_in.values() if p is current)
+        if current is None or (stuck >= THREADS // 2 and len(_pools) < MAX_POOLS):
+            if current is not None:
+                log.warning("%d calls of user code hold threads of the user-code pool past "
+                            "their limits; new calls go to a fresh pool (%d of at most %d)",
+                            stuck, len(_pools) + 1, MAX_POOLS)  # fmt: skip
+            current = ThreadPoolExecutor(THREADS, thread_name_prefix="libra-user")
+            _pools.append(current)
+        return current
 
 
 _prestart_lock = threading.Lock()
@@ -188,7 +209,9 @@ async def call(fn: Callable[..., Any], *args: Any, limit_s: float | None, what: 
         fut = asyncio.get_running_loop().create_task(_in_task(coro, what), name=f"user:{what}")
     else:
         ctx = contextvars.copy_context()
-        thread = pool().submit(ctx.run, functools.partial(_in_thread, what=what), fn, *args)
+        executor = pool()
+        thread = executor.submit(ctx.run, functools.partial(_in_thread, what=what), fn, *args)
+        thread.pool = executor  # type: ignore[attr-defined]  # `_leave` counts it there
         fut = asyncio.wrap_future(thread)
     try:
         done, _ = await asyncio.wait({fut}, timeout=limit_s)
@@ -233,11 +256,16 @@ async def _abandon(
 
 def _leave(left: Any, what: str, why: str) -> None:
     _left_behind.add(left)
+    if isinstance(left, concurrent.futures.Future) and hasattr(left, "pool"):
+        with _pools_lock:
+            _stuck_in[left] = left.pool
     started = time.monotonic()
     log.warning("user code %s left running: %s", what, why)
 
     def ended(f: Any) -> None:  # in the loop for a task, in the worker for a thread
         _left_behind.discard(f)
+        with _pools_lock:
+            _stuck_in.pop(f, None)
         if not f.cancelled():
             f.exception()  # retrieved: no "exception was never retrieved" noise
         log.warning("user code %s ended %.1f s after it was left", what, time.monotonic() - started)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from libra.usercode import start_threads
 
 
@@ -46,3 +48,30 @@ def test_runners_opening_at_once_start_the_user_threads_once(monkeypatch) -> Non
     for t in openers:
         t.join()
     assert calls == [usercode.THREADS]
+
+
+async def test_calls_stuck_past_their_limits_do_not_take_every_thread() -> None:
+    """A service whose env hung THREADS calls over its life ran no plain-function hook of
+    any env again: each call waited for a thread that never came, until its limit."""
+    import asyncio
+    import threading
+    import time
+
+    from libra import usercode
+
+    release = threading.Event()
+
+    def hang() -> None:
+        release.wait(60)
+
+    try:
+        hung = [asyncio.ensure_future(usercode.call(hang, limit_s=0.2, what="hang"))
+                for _ in range(usercode.THREADS)]  # fmt: skip
+        for h in hung:
+            with pytest.raises(usercode.LimitExceeded):
+                await h
+        t0 = time.monotonic()
+        assert await usercode.call(lambda: "fine", limit_s=5, what="after") == "fine"
+        assert time.monotonic() - t0 < 2  # not a wait for a thread to come free
+    finally:
+        release.set()
