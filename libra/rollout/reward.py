@@ -123,7 +123,10 @@ def _safe(v: Any) -> tuple[Any, int]:
         raw = orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)
         return orjson.loads(raw), len(raw)
     except TypeError:
-        text = repr(v)
+        try:
+            text = repr(v)
+        except Exception as e:  # the object's own __repr__ is user code
+            text = f"<a {type(v).__name__} whose repr() raised {type(e).__name__}>"
         return text, len(text)
 
 

@@ -64,11 +64,20 @@ async def _call(
 
 def cap_output(result: ToolResult, max_bytes: int) -> ToolResult:
     """`result` with its text cut to `max_bytes` bytes of UTF-8 (at a character
-    boundary) and a note saying so; `info["output_cut_chars"]` = characters it had."""
+    boundary) and a note saying so; `info["output_cut_chars"]` = characters it had. Lone
+    surrogates (text no UTF-8 can hold; a tokenizer refused them and the episode ended)
+    become `?`."""
     text = result.content
-    if len(text) <= max_bytes // 4 or (len(text) <= max_bytes and len(text.encode()) <= max_bytes):
-        return result
-    kept = text[:max_bytes].encode()[:max_bytes].decode("utf-8", "ignore")
+    if len(text) <= max_bytes:
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError:  # lone surrogates: no tokenizer takes them
+            text = text.encode("utf-8", "replace").decode()
+            result = ToolResult(text, result.status, result.info)
+            size = len(text.encode())
+        if size <= max_bytes:
+            return result
+    kept = text[:max_bytes].encode("utf-8", "replace")[:max_bytes].decode("utf-8", "ignore")
     note = f"\n[output cut at {max_bytes} bytes: the tool returned {len(text)} characters]"
     info = {**(result.info or {}), "output_cut_chars": len(text)}
     return ToolResult(kept + note, result.status, info)

@@ -27,6 +27,11 @@ class BadStr(Exception):
         raise RuntimeError("no text")
 
 
+class BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
 class Halt(BaseException):
     """A BaseException of the env's own (not an Exception)."""
 
@@ -73,6 +78,10 @@ async def calculator(expression: str, ctx: libra.Context) -> Any:
         raise Halt("stop everything")
     if mode == "bad-str":
         raise BadStr
+    if mode == "surrogate":  # a str no UTF-8 can hold
+        return "5\ud800"
+    if mode == "bad-repr-info":
+        return libra.ToolResult("5", info={"n": 1, "obj": BadRepr()})
     return "5"
 
 
@@ -417,3 +426,18 @@ def test_what_an_env_prints_does_not_break_json_output(
     assert p.returncode == 0, p.stderr[-2000:]
     assert orjson.loads(p.stdout)["episodes"] == 1, p.stdout[:500]
     assert "debug: scoring" in p.stderr and "debug: evaluating" in p.stderr
+
+
+async def test_odd_tool_returns_are_cleaned_not_the_episode_s_end(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    """A lone surrogate in a tool's text (the tokenizer refused it) and info whose repr
+    raises each ended the whole episode `error`."""
+    recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, ["surrogate", "bad-repr-info"])
+    tok = ChatTokenizer(tiny_model)
+    for mode in ("surrogate", "bad-repr-info"):
+        rec = recs[mode]
+        assert rec.status == "ok" and rec.turns[0].tool_returns[0].status == "ok", rec.error
+    assert "5?" in shown(recs["surrogate"], tok)
+    info = recs["bad-repr-info"].turns[0].tool_returns[0].info or {}
+    assert info == {"n": 1, "obj": "<a BadRepr whose repr() raised RuntimeError>"}, info
