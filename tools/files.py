@@ -7,7 +7,9 @@ through the sandbox, so paths resolve inside it (relative to its working directo
 
 from __future__ import annotations
 
+import asyncio
 import shlex
+from typing import Any
 
 from libra.tools.shell import sandbox_of
 
@@ -16,6 +18,21 @@ from libra.errors import ToolError
 
 MAX_VIEW_LINES = 400
 """Lines shown per `view`; ask for a range to see more."""
+MAX_FILE_BYTES = 8 * 1024 * 1024
+"""Largest file `view` and `edit` read whole (a 250 MB file in the sandbox's limits made
+the host read it all into memory, 6.4 GB at once, and split it on the event loop)."""
+
+
+async def _read(sb: Any, path: str) -> bytes:
+    """The file's bytes, when it is at most `MAX_FILE_BYTES` (asked in the sandbox first:
+    the file is not read to find out)."""
+    size = await sb.exec(["stat", "-L", "-c", "%s", "--", sb.resolve(path)], timeout=30)
+    if size.ok and size.stdout.strip().isdigit() and int(size.stdout) > MAX_FILE_BYTES:
+        raise ToolError(
+            f"{path} is {int(size.stdout):,} bytes; view and edit take files of at most "
+            f"{MAX_FILE_BYTES:,}: use bash for part of it (e.g. sed -n '100,200p' {path})"
+        )
+    return await sb.read_file(path)
 
 
 @libra.tool(timeout=60)
@@ -31,7 +48,7 @@ async def view(
     """
     sb = sandbox_of(ctx)
     try:
-        data = await sb.read_file(path)
+        data = await _read(sb, path)
     except IsADirectoryError:
         r = await sb.exec(["ls", "-la", "--", sb.resolve(path)], timeout=30)
         if not r.ok:
@@ -39,9 +56,9 @@ async def view(
         return r.stdout
     except FileNotFoundError:
         raise ToolError(f"{path}: no such file or directory") from None
-    lines = data.decode("utf-8", errors="replace").splitlines()
     if start_line < 1 or (end_line is not None and end_line < start_line):
         raise ToolError(f"bad line range {start_line}..{end_line} (1-based, inclusive)")
+    lines = await asyncio.to_thread(lambda: data.decode("utf-8", errors="replace").splitlines())
     last = min(
         len(lines), end_line or start_line + MAX_VIEW_LINES - 1, start_line + MAX_VIEW_LINES - 1
     )
@@ -68,7 +85,7 @@ async def edit(path: str, old: str, new: str, ctx: libra.Context) -> str:
         await sb.write_file(path, new)
         return f"created {path} ({len(new.splitlines())} lines)"
     try:
-        text = (await sb.read_file(path)).decode("utf-8")
+        text = (await _read(sb, path)).decode("utf-8")
     except FileNotFoundError:
         raise ToolError(f"{path}: no such file") from None
     except UnicodeDecodeError:

@@ -73,6 +73,8 @@ async def bash(command: str, ctx: libra.Context, timeout: int = 30) -> libra.Too
         command: the command line, run with /bin/sh -c in the working directory.
         timeout: seconds before the command and everything it started are killed.
     """
+    if "\x00" in command:  # an argv cannot hold it: the command ran cut at the NUL
+        return libra.ToolResult("Error: the command contains a NUL character; remove it", "error")
     r = await sandbox_of(ctx).exec(command, timeout=_limit(timeout), max_output=SHOWN_BYTES)
     return exec_result(r)
 

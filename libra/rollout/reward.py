@@ -60,6 +60,8 @@ def as_reward(out: Any) -> tuple[float, dict[str, Any] | None]:
     else:
         value = out
     try:
+        if isinstance(value, str | bytes | bytearray):  # float("1.0") works; a reward is a number
+            raise TypeError
         reward = float(value)
     except (TypeError, ValueError):
         raise BadReward(

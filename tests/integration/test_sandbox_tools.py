@@ -52,6 +52,14 @@ async def test_view_numbers_lines_and_lists_directories(ctx: libra.Context) -> N
     assert "m.py" in listing.content
     bad = await view.invoke({"path": "src/m.py", "start_line": 5, "end_line": 2}, ctx)
     assert bad.status == "error"
+    # a file past MAX_FILE_BYTES is not read into the host's memory: the model is told
+    # how to see part of it
+    await ctx.sandbox.exec("head -c 9000000 /dev/zero | tr '\\0' 'a' > big.txt", timeout=30)
+    for tool, args in ((view, {"path": "big.txt"}), (edit, {"path": "big.txt", "old": "a",
+                                                           "new": "b"})):  # fmt: skip
+        big = await tool.invoke(args, ctx)
+        assert big.status == "error" and "9,000,000 bytes" in big.content, big.content[:200]
+        assert "sed -n" in big.content
 
 
 async def test_bash_and_python_report_exit_codes_as_status(ctx: libra.Context) -> None:
@@ -68,3 +76,6 @@ async def test_bash_and_python_report_exit_codes_as_status(ctx: libra.Context) -
     assert big.info["truncated"] and "[stdout truncated: 588895 bytes in all]" in big.content
     bad = await bash.invoke({"command": "true", "timeout": 100000}, ctx)
     assert bad.status == "error" and "between 1 and 300" in bad.content
+    # a NUL cannot cross into an argv: the command ran cut at it, as `ok`
+    nul = await bash.invoke({"command": "echo a\x00; rm -rf /work"}, ctx)
+    assert nul.status == "error" and "NUL" in nul.content
