@@ -22,3 +22,15 @@ def test_info_keeps_what_fits_in_order_and_notes_the_rest():
     assert len(orjson.dumps(out)) <= MAX_INFO_BYTES + 200
     small = {"score": 0.5, "parts": {"f1": 0.4}}
     assert plain(small) == small
+
+
+def test_a_reward_is_a_number_not_text() -> None:
+    """`float("1.0")` made a str reward count; a reward function returning text has a bug."""
+    import pytest
+
+    from libra.rollout.reward import BadReward, as_reward
+
+    for text in ("1.0", b"1", bytearray(b"1")):
+        with pytest.raises(BadReward, match="return a float"):
+            as_reward(text)
+    assert as_reward(1) == (1.0, None) and as_reward((0.5, {"n": 1})) == (0.5, {"n": 1})
