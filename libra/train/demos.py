@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from libra import usercode
 from libra.chat import ChatTokenizer
 from libra.env import Env, reward_wants_context
 from libra.errors import ConfigError
@@ -175,7 +176,14 @@ async def demonstrations(
 
     out = []
     for task in tasks:
-        rec = await demonstrate(env, env_name, tok, task, expert, task_id=task_id(task))
+        try:
+            rec = await demonstrate(env, env_name, tok, task, expert, task_id=task_id(task))
+        except Exception as e:  # the env's code on a row it cannot read: the data's fault
+            raise ConfigError(
+                f"sft: the {env_name} env cannot run task {task_id(task)!r} "
+                f"({usercode.describe(e)}); check that the task file's rows have the "
+                "fields this env reads"
+            ) from None
         if rec.reward > 0:
             out.append(rec)
     if not out:

@@ -71,6 +71,7 @@ def preflight(cfg: TrainConfig) -> list[str]:
     import asyncio
 
     from libra.errors import LibraError
+    from libra.proxy.agent import AgentEnv
     from libra.rollout.run import load_env
     from libra.train.build import train_tasks
 
@@ -81,9 +82,12 @@ def preflight(cfg: TrainConfig) -> list[str]:
         problems.append(f"data.env: {e}")
     else:
         try:
-            train_tasks(cfg, env)
+            tasks, _ = train_tasks(cfg, env)
         except LibraError as e:
             problems.append(str(e))
+        else:
+            if tasks and not isinstance(env, AgentEnv):
+                problems += _prompt_problem(env, tasks[0])
         finally:
             asyncio.run(env.close())
     if cfg.planner.hardware != "local":
@@ -381,6 +385,22 @@ def _layout_lines(lay: dict[str, Any], vllm: dict[str, Any] | None) -> list[str]
     if lay["problem"]:
         out.append(f"  a run stops here: {lay['problem']}")
     return out
+
+
+def _prompt_problem(env: Any, task: dict[str, Any]) -> list[str]:
+    """[why the env cannot build a prompt from the first training task], or []."""
+    from libra import usercode
+    from libra.rollout.episode import check_prompt
+    from libra.rollout.tasks import task_id
+
+    try:
+        check_prompt(env.prompt(task))
+    except Exception as e:
+        return [
+            f"data.train: the env cannot build a prompt from task {task_id(task)!r} "
+            f"({usercode.describe(e)}); check that the rows have the fields it reads"
+        ]
+    return []
 
 
 __all__ = ["describe", "preflight", "render"]

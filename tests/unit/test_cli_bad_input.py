@@ -85,3 +85,26 @@ def test_a_dry_run_that_finds_what_stops_a_run_exits_2(
         capsys.readouterr().out
     )
     assert main(["train", TRAIN, "--dry-run"]) == 0
+
+
+def test_tasks_without_the_env_s_fields_are_named_not_a_traceback(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task file of other rows (say, trajectory records) crashed the warm start with
+    `KeyError: 'question'` from deep in the env; the dry run passed it."""
+    import asyncio
+
+    from libra.chat import ChatTokenizer
+    from libra.errors import ConfigError
+    from libra.rollout.run import load_env
+    from libra.train.demos import arith_expert, demonstrations
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"id": "x", "foo": 1}\n')
+    assert main(["train", TRAIN, "--dry-run", "--set", f"data.train={rows}"]) == 2
+    out = capsys.readouterr().out
+    assert "a run stops here: data.train: the env cannot build a prompt from task 'x' " in out
+    env = load_env("arith", {})
+    with pytest.raises(ConfigError, match=r"sft: the arith env cannot run task 'x' \(KeyError"):
+        asyncio.run(demonstrations(env, "arith", ChatTokenizer(tiny_model), [{"id": "x"}],
+                                   arith_expert))  # fmt: skip
