@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 EpisodeStatus = Literal["ok", "error", "timeout", "truncated", "aborted"]
 ToolStatus = Literal["ok", "error", "timeout"]
@@ -179,16 +179,29 @@ class Trajectory(_Record):
 
 
 def read_jsonl(path: str | Path) -> list[Trajectory]:
-    """Read a JSONL file of records; raises ValueError naming the first bad line."""
+    """Read a JSONL file of records (`.gz`: gzip-compressed, as `libra workload` writes
+    them); raises ValueError naming the first bad line and, for a record that does not
+    validate, its first problem on one line."""
+    import gzip
+
     out: list[Trajectory] = []
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Trajectory.from_json(line))
-            except Exception as e:
-                raise ValueError(f"{path}:{lineno}: not a trajectory record: {e}") from None
+    opener: Any = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(Trajectory.from_json(line))
+                except ValidationError as e:
+                    first = e.errors()[0]
+                    where = ".".join(str(x) for x in first["loc"]) or "(the record)"
+                    raise ValueError(f"{path}:{lineno}: not a trajectory record: {where}: "
+                                     f"{first['msg']}") from None  # fmt: skip
+                except Exception as e:
+                    raise ValueError(f"{path}:{lineno}: not a trajectory record: {e}") from None
+    except (EOFError, OSError) as e:  # a cut or broken gzip file
+        raise ValueError(f"{path}: cannot be read whole ({e})") from None
     return out
 
 

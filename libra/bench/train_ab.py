@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from libra.cli.common import progress
+from libra.cli.common import count, progress
 
 ARMS = {
     "planner": [],
@@ -43,7 +43,7 @@ ARMS = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a libra train config (examples/cpu-train-ab.toml)")
     p.add_argument("--seeds", default="0,1,2", help="paired seeds (default 0,1,2)")
-    p.add_argument("--steps", type=int, default=None, help="GRPO steps per run (config's)")
+    p.add_argument("--steps", type=count, default=None, help="GRPO steps per run (config's)")
     p.add_argument("--arms", default="planner,fixed", help=f"of {', '.join(ARMS)}")
     p.add_argument("--out", default="runs/train-ab", help="where the runs go")
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     start = _warm_start(args.config, out / "warm-start")
     common = [] if start is None else ["--set", f'model.path="{start}"', "--set", "sft.steps=0"]
-    if args.steps:
+    if args.steps is not None:
         common += ["--steps", str(args.steps)]
     runs: dict[str, dict[int, dict[str, Any]]] = {a: {} for a in arms}
     for i, seed in enumerate(seeds):

@@ -79,7 +79,7 @@ def load_workload(spec: str, batch: int | None, group: int | None, step: int, se
     from libra.planner import WorkloadStats
 
     path = Path(spec)
-    if spec.endswith(".jsonl") or path.is_file():
+    if spec.endswith((".jsonl", ".jsonl.gz")) or path.is_file():
         from libra.record import read_jsonl
 
         if not path.is_file():

@@ -4,9 +4,15 @@ that `libra plan`, `libra simulate` and `libra train` use instead of datasheet f
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from libra.cli.common import add_json_flag, int_list, parse_pairs, print_json, progress
+from libra.cli.common import (
+    add_json_flag,
+    int_list,
+    output_file,
+    parse_pairs,
+    print_json,
+    progress,
+)
 from libra.errors import ConfigError
 
 EPILOG = """\
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         "id": args.id,
     }
     cfg = cfgmod.build(ProfileConfig, {k: v for k, v in data.items() if v is not None}, "flags")
-    out = Path(args.out)
+    out = output_file(args.out, "--out")  # before minutes of measuring, not after
     result = run_profile(cfg, progress=progress)
     doc = document(result)
     try:

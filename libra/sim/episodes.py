@@ -188,33 +188,44 @@ class Workload:
         if not p.is_file():
             raise ConfigError(f"--workload {str(path)!r}: no such trace file")
         opener: Any = gzip.open if p.suffix == ".gz" else open
-        by_step: dict[int, list[Episode]] = {}
-        with opener(p, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    ep = Episode.from_data(orjson.loads(line))
-                except (
-                    orjson.JSONDecodeError,
-                    KeyError,
-                    TypeError,
-                    ValueError,
-                    AttributeError,
-                ) as e:
-                    what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
-                    raise ConfigError(
-                        f"{p}:{lineno}: not a trajectory record ({what}); records need "
-                        "task_id, prompt_tokens and turns with model_tokens"
-                    ) from None
-                by_step.setdefault(ep.record.step, []).append(ep)
+        try:
+            by_step = _read_trace(p, opener)
+        except (EOFError, OSError) as e:  # a cut or broken gzip file; an unreadable one
+            raise ConfigError(f"{p}: cannot be read whole ({e}); write the trace again") from None
         order = sorted(by_step)
         if len(order) < steps:
+            if not order:
+                raise ConfigError(f"{p}: holds no trajectory records; pass a trace of them")
             raise ConfigError(
                 f"{p}: holds {len(order)} training steps, --steps asks for {steps}; "
                 f"pass --steps {len(order)} or a longer trace"
             )
         return cls(p.name, [by_step[s] for s in order[:steps]])
+
+
+def _read_trace(p: Path, opener: Any) -> dict[int, list[Episode]]:
+    """A trace file's episodes by training step (a bad line: a `ConfigError` naming it)."""
+    by_step: dict[int, list[Episode]] = {}
+    with opener(p, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ep = Episode.from_data(orjson.loads(line))
+            except (
+                orjson.JSONDecodeError,
+                KeyError,
+                TypeError,
+                ValueError,
+                AttributeError,
+            ) as e:
+                what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+                raise ConfigError(
+                    f"{p}:{lineno}: not a trajectory record ({what}); records need "
+                    "task_id, prompt_tokens and turns with model_tokens"
+                ) from None
+            by_step.setdefault(ep.record.step, []).append(ep)
+    return by_step
 
 
 def prompt_lengths(batch: Iterable[Episode]) -> dict[str, float]:

@@ -129,7 +129,7 @@ class SFTSection(Config):
     """Demonstrations per step. (Measured on the CPU default's tiny model: at 16 one
     made model in five was still on its plateau, P(demo) 0.01, after 1,200 steps; at 32
     seeds 0-5 all reached P(demo) 0.5 within 460; docs/train.md.)"""
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(3e-3, gt=0, allow_inf_nan=False)
     """Peak learning rate (AdamW, linear warm-up over 20 steps, then a cosine decay to
     5% of it at `steps`)."""
     target: float | None = Field(None, gt=0, le=1)
@@ -148,7 +148,7 @@ class ValidationSection(Config):
     """Validate policy versions 0, every, 2*every, ... and the last one."""
     tasks: int = Field(64, ge=1)
     """Held-out tasks per validation (the first N of `data.val`)."""
-    temperature: float = Field(0.0, ge=0)
+    temperature: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Sampling temperature of validation episodes (0: greedy)."""
 
 

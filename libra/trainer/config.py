@@ -65,7 +65,7 @@ class GRPOConfig(Config):
 class OptimConfig(Config):
     """AdamW with linear warm-up and global-norm clipping."""
 
-    lr: float = Field(1e-5, gt=0)
+    lr: float = Field(1e-5, gt=0, allow_inf_nan=False)
     """Peak learning rate."""
     warmup_updates: int = Field(0, ge=0)
     """Linear warm-up from 0 over this many optimizer updates."""

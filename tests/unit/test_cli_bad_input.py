@@ -49,6 +49,11 @@ def test_bad_values_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["train", TRAIN, "--dry-run", "--set", 'weights.host="not a host"'],
          "expected a host name or an IP address"),
         (["train", TRAIN, "--dry-run", "--set", "model.seed=-1"], "model.seed"),
+        (["train", TRAIN, "--dry-run", "--set", "trainer.optim.lr=inf"], "trainer.optim.lr"),
+        (["train", TRAIN, "--dry-run", "--set", "sft.lr=inf"], "sft.lr"),
+        (["profile", "--endpoint", "tp1=http://127.0.0.1:9", "--out", str(tmp_path)],
+         "--out"),
+        (["bench", "train-ab", TRAIN, "--steps", "0"], "--steps"),
     ]  # fmt: skip
     for argv, says in cases:
         one_line_error(capsys, argv, says)
@@ -108,3 +113,29 @@ def test_tasks_without_the_env_s_fields_are_named_not_a_traceback(
     with pytest.raises(ConfigError, match=r"sft: the arith env cannot run task 'x' \(KeyError"):
         asyncio.run(demonstrations(env, "arith", ChatTokenizer(tiny_model), [{"id": "x"}],
                                    arith_expert))  # fmt: skip
+
+
+def test_traces_cut_or_of_other_rows_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    trace = tmp_path / "t.jsonl.gz"
+    assert main(["workload", "search-r1", "--out", str(trace), "--steps", "2",
+                 "--prompts", "4", "--group", "2"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["plan", "--gpus", "8", "--workload", str(trace)]) == 0  # plan reads .gz
+    capsys.readouterr()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(trace.read_bytes()[:500])
+    one_line_error(capsys, ["simulate", "--gpus", "8", "--steps", "1", "--systems", "libra",
+                            "--workload", str(cut)], "cannot be read whole")  # fmt: skip
+    one_line_error(capsys, ["plan", "--gpus", "8", "--workload", str(cut)], "cannot be read")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    one_line_error(capsys, ["simulate", "--gpus", "8", "--steps", "2", "--systems", "libra",
+                            "--workload", str(empty)], "holds no trajectory records")  # fmt: skip
+    weird = tmp_path / "weird.jsonl"
+    weird.write_bytes(gzip.decompress(trace.read_bytes()).splitlines()[0][:-1] + b',"turns":5}\n')
+    one_line_error(capsys, ["plan", "--gpus", "8", "--workload", str(weird)],
+                   "not a trajectory record: turns: ")  # fmt: skip
