@@ -115,6 +115,9 @@ def load_object(spec: str, what: str = "object") -> Any:
             module = importlib.import_module(mod_name)
         except ModuleNotFoundError as e:
             raise RegistryError(f"{what}: cannot import module {mod_name!r} ({e})") from None
+        except (Exception, SystemExit) as e:  # its own code failed as it was imported
+            raise RegistryError(f"{what}: importing module {mod_name!r} failed: "
+                                f"{type(e).__name__}: {e}") from None  # fmt: skip
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -138,9 +141,9 @@ def _import_file(path: Path) -> Any:
     sys.path.insert(0, str(resolved.parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a file that calls sys.exit() as it is imported
         del sys.modules[name]
-        raise RegistryError(f"importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
+        raise RegistryError(f"importing {str(path)!r} failed: {type(e).__name__}: {e}") from None
     finally:
         sys.path.remove(str(resolved.parent))
     return module

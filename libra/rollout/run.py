@@ -42,10 +42,10 @@ def load_env(spec: str, options: dict[str, Any]) -> Env:
         return load(spec, options)
     obj = registry.envs.get(spec)
     if isinstance(obj, Env):
-        return obj
+        return check_env(obj, spec)
     if isinstance(obj, type) and issubclass(obj, Env):
         try:
-            return obj(**options)
+            return check_env(obj(**options), spec)
         except TypeError as e:
             raise ConfigError(f"env {spec!r} rejected its options {options}: {e}") from None
     # An agent function `async def run(task, client)`: runs through the OpenAI proxy.
@@ -56,6 +56,36 @@ def load_env(spec: str, options: dict[str, Any]) -> Env:
         f"{spec!r} is not a libra.Env subclass nor an async agent function "
         f"`async def run(task, client)` (got {type(obj).__name__})"
     )
+
+
+def check_env(env: Env, spec: str) -> Env:
+    """`env` when its class attributes are what the runner uses, else one `ConfigError`
+    naming the attribute (each was an error in every episode, a silent loss of tools, or
+    a traceback when the runner started)."""
+    from libra.tooling import Tool
+
+    def bad(what: str) -> ConfigError:
+        return ConfigError(f"env {spec!r}: {what}")
+
+    tools = env.tools
+    if isinstance(tools, str | bytes) or not isinstance(tools, list | tuple):
+        raise bad(f"tools is a {type(tools).__name__}; give a list of @libra.tool functions")
+    if wrong := [t for t in tools if not isinstance(t, Tool)]:
+        raise bad(f"tools holds a {type(wrong[0]).__name__}, not a tool; decorate the "
+                  "function with @libra.tool")  # fmt: skip
+    names = [t.name for t in tools]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise bad(f"two tools are named {twice[0]!r}; the model calls tools by name")
+    if isinstance(env.max_turns, bool) or not isinstance(env.max_turns, int) or env.max_turns < 1:
+        raise bad(f"max_turns is {env.max_turns!r}; give an int >= 1")
+    stop = env.stop
+    if (
+        isinstance(stop, str)
+        or not isinstance(stop, list | tuple)
+        or not all(isinstance(x, str) and x for x in stop)
+    ):
+        raise bad(f'stop is {stop!r}; give a tuple of strings, e.g. ("</answer>",)')
+    return env
 
 
 @contextlib.asynccontextmanager
@@ -263,6 +293,7 @@ def _close_without(loop: asyncio.AbstractEventLoop, stuck: set[asyncio.Future[An
 
 __all__ = [
     "GC_THRESHOLDS",
+    "check_env",
     "episode_runner",
     "finish_step",
     "load_env",
