@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import resource
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -52,6 +56,38 @@ def bind(host: str, port: int) -> socket.socket:
             "pick another --port (0 = any free one) or --host"
         ) from None
     return sock
+
+
+IDLE_S = 15.0
+"""A connection that has not sent a whole request in this long is closed (aiohttp's
+keep-alive timer, 75 s by default: a client sending headers that never end held its
+connection that long, and 10,000 of them took every file descriptor)."""
+
+
+def max_connections() -> int:
+    """Connections served at once: half the open-file limit, at most 4,096 (the rest is
+    for the spool, the engines and the workers)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, min(4096, soft // 2))
+
+
+def cap_connections(server: Any, limit: int) -> None:
+    """Close a new connection at once while `limit` are open, so that a flood of them
+    costs the process no file descriptor it needs (the service answered nothing, not
+    even /healthz, once they were all taken)."""
+    accept = server.connection_made
+    said = [-math.inf]
+
+    def capped(handler: Any, transport: Any) -> None:
+        accept(handler, transport)
+        if len(server.connections) > limit:
+            if time.monotonic() - said[0] > 60:  # once a minute, not once per connection
+                said[0] = time.monotonic()
+                log.warning("%d connections open, the most this service serves; new ones "
+                            "are closed until some end", limit)  # fmt: skip
+            transport.close()
+
+    server.connection_made = capped
 
 
 def check_exposure(config: ServiceConfig) -> None:
@@ -115,8 +151,10 @@ async def _serve(
             )
         # Short shutdown timeout: open streams wait on the spool and would hold a stop up.
         app = build_app(manager, pool, config, watch)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0,
+                               keepalive_timeout=IDLE_S)  # fmt: skip
         await runner.setup()
+        cap_connections(runner.server, max_connections())
         try:
             await web.SockSite(runner, sock).start()
             host, port = sock.getsockname()[:2]

@@ -146,3 +146,38 @@ async def test_readers_that_leave_are_not_errors_in_the_log(
         svc.close()
     log = svc.logs[0].read_text()
     assert "Error handling request" not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_connections_that_never_finish_their_headers_do_not_take_the_service(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """Headers that never end held a connection for aiohttp's 75 s, and enough of them
+    took every file descriptor: the service answered nothing until the client let go.
+    Now such a connection is closed after `IDLE_S`, and past `max_connections` new ones
+    are closed at once."""
+    import resource
+    import socket
+    import time
+    import urllib.request
+
+    from libra.service.server import IDLE_S
+
+    url, _ = spawn_fake()
+    svc = Service(tmp_path, tiny_model, [url])
+    base = svc.start()
+    assert svc.proc is not None
+    resource.prlimit(svc.proc.pid, resource.RLIMIT_NOFILE, (256, 256))  # cap: 128
+    held = []
+    try:
+        for _ in range(400):
+            s = socket.create_connection(("127.0.0.1", svc.port))
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-a: ")  # never finished
+            held.append(s)
+        time.sleep(IDLE_S + 3)  # the attacker keeps every socket open
+        with urllib.request.urlopen(base + "/healthz", timeout=10) as r:
+            assert r.status == 200
+        assert svc.proc.poll() is None
+    finally:
+        for s in held:
+            s.close()
+        svc.close()
