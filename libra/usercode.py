@@ -213,6 +213,7 @@ async def call(fn: Callable[..., Any], *args: Any, limit_s: float | None, what: 
         thread = executor.submit(ctx.run, functools.partial(_in_thread, what=what), fn, *args)
         thread.pool = executor  # type: ignore[attr-defined]  # `_leave` counts it there
         fut = asyncio.wrap_future(thread)
+    started = time.monotonic()
     try:
         done, _ = await asyncio.wait({fut}, timeout=limit_s)
     except asyncio.CancelledError:
@@ -221,12 +222,28 @@ async def call(fn: Callable[..., Any], *args: Any, limit_s: float | None, what: 
     if not done:
         await _abandon(fut, thread, what, f"it ran past its limit of {limit_s:g} s")
         raise LimitExceeded(f"{what} exceeded {limit_s:g} s")
+    if thread is None and limit_s is not None and time.monotonic() - started > limit_s:
+        _held_the_loop(what, time.monotonic() - started, limit_s)
     if fut.cancelled():  # it cancelled itself: its failure, not a cancel of our caller
         raise RuntimeError(f"{what} was cancelled from inside (it raised CancelledError)")
     out = fut.result()
     if inspect.isawaitable(out):  # a plain function that returned a coroutine
         return await call(_awaited, out, limit_s=limit_s, what=what)
     return out
+
+
+_warned: set[str] = set()
+
+
+def _held_the_loop(what: str, took: float, limit_s: float) -> None:
+    """Async user code finished past its limit: the timer could not fire, so it most
+    likely blocked the event loop (a `time.sleep` in an `async def`), and every episode
+    waited. Said once per name (its result stands: the limit could not act)."""
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("async user code %s took %.1f s, past its limit of %g s, and most likely "
+                    "held the event loop all that time (every episode waited): make it a "
+                    "plain function, or await its blocking work", what, took, limit_s)  # fmt: skip
 
 
 async def _awaited(aw: Any) -> Any:

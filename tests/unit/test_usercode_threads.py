@@ -75,3 +75,19 @@ async def test_calls_stuck_past_their_limits_do_not_take_every_thread() -> None:
         assert time.monotonic() - t0 < 2  # not a wait for a thread to come free
     finally:
         release.set()
+
+
+async def test_async_code_that_blocks_the_loop_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """An `async def` tool that calls `time.sleep` holds the loop: its limit cannot act,
+    and it finished as `ok` with nothing said."""
+    import time
+
+    from libra import usercode
+
+    async def sleepy() -> str:
+        time.sleep(0.5)
+        return "done"
+
+    assert await usercode.call(sleepy, limit_s=0.1, what="tool sleepy") == "done"
+    assert "async user code tool sleepy took" in caplog.text
+    assert "held the event loop" in caplog.text
