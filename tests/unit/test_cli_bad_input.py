@@ -80,6 +80,13 @@ def test_workload_writes_its_file_whole_or_not_at_all(
     one_line_error(capsys, ["workload", "search-r1", "--out", str(keep / "x.jsonl")],
                    "its folder cannot be made")  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl"]  # no part left
+    # generator fields that made a ZeroDivisionError, records of -5 tokens, or odds of 2
+    for param, says in (("dataset_size=0", "dataset_size must be at least 1"),
+                        ("max_context=-5", "max_context must be at least 1"),
+                        ("p_give_up=2", "p_give_up is a probability")):  # fmt: skip
+        one_line_error(capsys, ["workload", "search-r1", "--out", str(keep), "--param", param],
+                       says)  # fmt: skip
+    assert keep.read_text() == "important\n"
 
 
 def test_a_dry_run_that_finds_what_stops_a_run_exits_2(

@@ -55,7 +55,18 @@ def spec(name: str, params: Mapping[str, Any] | None = None) -> WorkloadSpec:
             raise ConfigError(
                 f"workload {name!r}: {key} must be of type {type(old).__name__} (got {value!r})"
             )
-    return base.replace(**dict(params))
+    out = base.replace(**dict(params))
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if key in ("dataset_size", "max_context", "max_turns") and value < 1:
+            raise ConfigError(f"workload {name!r}: {key} must be at least 1 (got {value!r})")
+        if key.startswith("p_") and not 0 <= value <= 1:
+            raise ConfigError(f"workload {name!r}: {key} is a probability, in [0, 1] "
+                              f"(got {value!r})")  # fmt: skip
+        if (value < 0 and not key.startswith("drift")) or value != value:  # noqa: PLR0124 - NaN
+            raise ConfigError(f"workload {name!r}: {key} must be a number >= 0 (got {value!r})")
+    return out
 
 
 def sample(
