@@ -64,6 +64,26 @@ keep-alive timer, 75 s by default: a client sending headers that never end held 
 connection that long, and 10,000 of them took every file descriptor)."""
 
 
+class _ClientFaults(logging.Filter):
+    """Drops aiohttp's "Error handling request" tracebacks for what a client did wrong or
+    stopped doing (a malformed request line or header, a body cut short): each was ~30
+    lines in the log, sent before any token is checked, so anyone could flood it. They
+    are answered 400 as before; the service's own errors are logged as they were."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, HttpProcessingError | ConnectionResetError)
+
+
+def quiet_client_faults() -> None:
+    """Install `_ClientFaults` on aiohttp's server logger (once)."""
+    logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _ClientFaults) for f in logger.filters):
+        logger.addFilter(_ClientFaults())
+
+
 def max_connections() -> int:
     """Connections served at once: half the open-file limit, at most 4,096 (the rest is
     for the spool, the engines and the workers)."""
@@ -155,6 +175,7 @@ async def _serve(
                                keepalive_timeout=IDLE_S)  # fmt: skip
         await runner.setup()
         cap_connections(runner.server, max_connections())
+        quiet_client_faults()
         try:
             await web.SockSite(runner, sock).start()
             host, port = sock.getsockname()[:2]

@@ -142,6 +142,16 @@ async def test_readers_that_leave_are_not_errors_in_the_log(
         ):
             lines = [ln async for ln in r.content if ln.strip()]
         assert len(lines) == 40  # every record, each once, after all that
+        # malformed requests, before any token is checked: a 400 each, no traceback
+        import socket
+
+        for raw in (
+            b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-a: " + b"a" * 20000 + b"\r\n\r\n",
+        ):
+            with socket.create_connection(("127.0.0.1", svc.port)) as c:
+                c.sendall(raw)
+                assert c.recv(100).split(b" ")[1].startswith(b"4")
     finally:
         svc.close()
     log = svc.logs[0].read_text()
