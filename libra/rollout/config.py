@@ -28,6 +28,10 @@ class LimitsConfig(Config):
     tool_timeout_s: float | None = Field(None, gt=0)
     """Cap on every tool call (each tool also has its own timeout)."""
     reward_timeout_s: float = Field(300.0, gt=0)
+    teardown_timeout_s: float = Field(60.0, gt=0)
+    """`env.teardown` (it runs after the episode's own limit, which it is not part of):
+    the record and the episode's slot wait for it, so a teardown that hangs holds them
+    this long."""
     max_tool_calls_per_turn: int = Field(8, ge=1)
     """Further calls in one turn get an error response."""
     max_tool_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, ge=1024)

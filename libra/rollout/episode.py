@@ -573,7 +573,8 @@ class EpisodeRunner:
         if not self._teardown_hook:
             return
         try:
-            await usercode.call(self.env.teardown, ctx, limit_s=60, what="env.teardown")
+            await usercode.call(self.env.teardown, ctx, limit_s=self.limits.teardown_timeout_s,
+                                what="env.teardown")  # fmt: skip
         except Exception:
             log.warning("teardown of episode %s failed", ctx.episode_id, exc_info=True)
 
