@@ -12,6 +12,7 @@ the layout, and the two are never mixed in one line.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from libra.errors import ConfigError
@@ -97,6 +98,21 @@ def preflight(cfg: TrainConfig) -> list[str]:
             load_hardware(cfg.planner.hardware)
         except LibraError as e:
             problems.append(f"planner.hardware: {e}")
+    path = cfg.model.path
+    if (
+        path is not None
+        and cfg.model.profile is None
+        and not (Path(path) / "config.json").is_file()
+    ):
+        problems.append(f"model.path {path!r} is not a model folder (no config.json); give "
+                        "one, or model.profile to plan a model that is elsewhere")  # fmt: skip
+    if cfg.sft.steps > 0:
+        from libra.train.demos import load_expert
+
+        try:
+            load_expert(cfg.sft.expert, cfg.data.env)
+        except LibraError as e:
+            problems.append(str(e))
     return problems
 
 
