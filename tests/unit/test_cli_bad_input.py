@@ -97,7 +97,7 @@ def test_a_dry_run_that_finds_what_stops_a_run_exits_2(
         capsys.readouterr().out
     )
     for change, says in (('sft.expert="garbage"', "sft.expert 'garbage'"),
-                         ('model.path="/nonexistent"', "is not a model folder")):  # fmt: skip
+                         ('model.path="/nonexistent"', "model.path '/nonexistent' is not a model folder")):  # fmt: skip
         assert main(["train", TRAIN, "--dry-run", "--set", change]) == 2
         assert f"a run stops here: {says}" in " ".join(capsys.readouterr().out.split())
     assert main(["train", TRAIN, "--dry-run"]) == 0
