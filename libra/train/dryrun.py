@@ -81,7 +81,9 @@ def preflight(cfg: TrainConfig) -> list[str]:
         env = load_env(cfg.data.env, cfg.data.env_options)
     except LibraError as e:
         problems.append(f"data.env: {e}")
+        env_loads = False
     else:
+        env_loads = True
         try:
             tasks, _ = train_tasks(cfg, env)
         except LibraError as e:
@@ -106,7 +108,8 @@ def preflight(cfg: TrainConfig) -> list[str]:
     ):
         problems.append(f"model.path {path!r} is not a model folder (no config.json); give "
                         "one, or model.profile to plan a model that is elsewhere")  # fmt: skip
-    if cfg.sft.steps > 0:
+    if cfg.sft.steps > 0 and (env_loads or cfg.sft.expert is not None):
+        # the built-in expert is the env's: with an unknown env, that is the one problem
         from libra.train.demos import load_expert
 
         try:
