@@ -130,11 +130,23 @@ SMALL_BODY = 64 * 1024
 
 
 async def _body(request: web.Request, model: type[M]) -> M:
-    raw = await request.read()
-    if len(raw) > SMALL_BODY:
-        raise RequestError(413, f"the body is {len(raw)} bytes; {request.method} "
+    """A small request's body, refused as soon as it is known to be too big: a declared
+    length past `SMALL_BODY` before any of it is read, a chunked one at the first byte
+    past it (reading it whole first took up to `max_request_mb` per request)."""
+    declared = request.content_length
+    if declared is not None and declared > SMALL_BODY:
+        raise RequestError(413, f"the body is {declared} bytes; {request.method} "
                            f"{request.path} takes at most {SMALL_BODY}")  # fmt: skip
-    return parse_body(raw, model)
+    raw = bytearray()
+    while len(raw) <= SMALL_BODY:
+        chunk = await request.content.read(SMALL_BODY + 1 - len(raw))
+        if not chunk:
+            break
+        raw += chunk
+    if len(raw) > SMALL_BODY:
+        raise RequestError(413, f"the body is over {SMALL_BODY} bytes; {request.method} "
+                           f"{request.path} takes at most {SMALL_BODY}")  # fmt: skip
+    return parse_body(bytes(raw), model)
 
 
 async def submit(request: web.Request) -> web.StreamResponse:
