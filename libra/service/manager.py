@@ -546,8 +546,17 @@ def _read_state(folder: Path) -> dict[str, Any]:
 
 
 def _create(folder: Path, doc: dict[str, Any]) -> None:
+    """The batch's folder and its stored request; on a failed write (a full disk: the
+    client gets a 507 and may submit again) no folder is left that this call made."""
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(folder / "batch.json", doc)
+    try:
+        write_json_atomic(folder / "batch.json", doc)
+    except OSError:
+        if made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 __all__ = ["BatchManager"]

@@ -49,11 +49,15 @@ class SpoolCorrupt(LibraError):
 def write_json_atomic(path: Path, doc: Any) -> None:
     """Write, fsync, rename into place, fsync the folder: all or nothing after a crash."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(doc))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(doc))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk left half a file behind
+        raise
     fsync_dir(path.parent)
 
 

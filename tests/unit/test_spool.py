@@ -168,3 +168,31 @@ def test_a_write_the_disk_refuses_leaves_whole_records_and_keeps_the_rest_pendin
     assert [Trajectory.from_json(again.read_line(s)).id for s in range(7)] == [
         rec(i).id for i in range(7)
     ]
+
+
+def test_a_batch_that_cannot_be_stored_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A submit on a full disk is a 507 that the client may retry; it left
+    `<id>/batch.json.tmp` (and the folder) behind. Here the child process may write
+    files of at most 1,000 bytes, which fails as a full disk does."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "spool" / "b1"
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
+        "from pathlib import Path\n"
+        "from libra.service.manager import _create\n"
+        "try:\n"
+        "    _create(Path(sys.argv[1]), {'tasks': ['x' * 5000]})\n"
+        "except OSError as e:\n"
+        "    print('OSError', e.errno)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert out.startswith("OSError")
+    assert not folder.exists() and list((tmp_path / "spool").iterdir()) == []
+    folder.mkdir(parents=True)  # a folder that was there before (a resubmit) stays
+    subprocess.run([sys.executable, "-c", code, str(folder)], check=True)
+    assert folder.is_dir() and list(folder.iterdir()) == []
