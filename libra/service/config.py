@@ -134,6 +134,12 @@ def absolute_dirs(dirs: list[str]) -> list[str]:
     return [os.path.abspath(os.path.expanduser(d)) for d in dirs]
 
 
+MAX_VERSION = 2**62
+"""The largest policy version (a batch's `step`, a weight load's `version`), as for seeds:
+a record's step is read back into signed 64-bit integers (torch, Arrow, pandas), and
+2^63 was taken and stored."""
+
+
 class SubmitRequest(Config):
     """`POST /v1/rollouts` body."""
 
@@ -146,7 +152,7 @@ class SubmitRequest(Config):
     """Sampling for this batch; keys it names override the service's `[sampling]`."""
     batch_id: str | None = None
     """Idempotency key: resubmitting the same id returns the existing batch."""
-    step: int | None = Field(None, ge=0)
+    step: int | None = Field(None, ge=0, le=MAX_VERSION)
     """Policy version stamped on records. Default: the last `POST /v1/weights` version."""
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     """This batch's share of the service's episode slots against the other batches with
@@ -172,7 +178,7 @@ class SubmitRequest(Config):
 class WeightsRequest(Config):
     """`POST /v1/weights` body."""
 
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=MAX_VERSION)
     """Policy version stamped on turns served after the load."""
     path: str | None = None
     """Checkpoint folder, as the endpoints see it."""

@@ -76,6 +76,7 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
             ({"sampling": {"temperature": "inf"}}, "sampling.temperature"),
             ({"sampling": {"top_p": "NaN"}}, "sampling.top_p"),
             ({"sampling": {"seed": 2**64 - 1}}, "sampling.seed"),
+            ({"step": 2**63}, "step"),
             ({"tasks": [{**task, "id": "I" * 1_000_000}]}, "an id of 1,000,000 characters"),
             ({"env": "x" * 1_000_000}, "unknown env 'xxx"),
         ):
@@ -86,6 +87,7 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
             for body, says in (
                 ({"version": 1, "path": "/" + "a" * 60_000}, "cannot be read"),
                 ({"version": 1, "sender": "http://127.0.0.1:99999"}, "not an http://HOST:PORT"),
+                ({"version": 2**63, "path": "/ckpt"}, "version"),
             ):
                 async with s.post(base + "/v1/weights", json=body) as r:
                     doc = orjson.loads(await r.read())
