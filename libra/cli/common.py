@@ -131,6 +131,53 @@ def int_list(text: str, flag: str, least: int | None = None, example: str = "") 
     return values
 
 
+CONFIG_KINDS = {
+    "rollout": ("libra.rollout.config", "RolloutConfig"),
+    "serve-rollout": ("libra.service.config", "ServiceConfig"),
+    "train": ("libra.train.config", "TrainConfig"),
+}
+"""The commands that read a TOML config, and the class of each one's."""
+
+
+@contextlib.contextmanager
+def config_of(command: str, path: str | Path | None) -> Iterator[None]:
+    """Around loading `command`'s config from `path`: a file written for another command
+    (every top-level key is that command's, and some are not this one's) is one error
+    that says so, not a line per key it does not know."""
+    try:
+        yield
+    except ConfigError:
+        hint = None if path is None else _other_kind(command, path)
+        if hint is None:
+            raise
+        raise ConfigError(hint) from None
+
+
+def _fields(command: str) -> set[str]:
+    import importlib
+
+    module, name = CONFIG_KINDS[command]
+    return set(getattr(importlib.import_module(module), name).model_fields)
+
+
+def _other_kind(command: str, path: str | Path) -> str | None:
+    from libra.config import read_toml
+
+    try:
+        keys = set(read_toml(path))
+    except ConfigError:
+        return None
+    foreign = sorted(keys - _fields(command))
+    if not foreign:
+        return None
+    for other in CONFIG_KINDS:
+        if other != command and keys <= _fields(other):
+            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+            return (f"{path} is a `libra {other}` config, not a `libra {command}` one "
+                    f"({shown}: {other}'s keys); run `libra {other} {path}`")  # fmt: skip
+    return None
+
+
 def add_set_flag(p: argparse.ArgumentParser, example: str) -> None:
     """`--set KEY=VALUE` (repeatable): any key of the command's config, VALUE in TOML."""
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -12,6 +12,7 @@ from libra.cli.common import (
     add_ray_flag,
     add_set_flag,
     apply_bucket_flags,
+    config_of,
     fleet_overrides,
     overrides,
     print_json,
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         **fleet_overrides(args),
         **ray_overrides(args),
     }
-    cfg = cfgmod.load(RolloutConfig, args.config, overrides(args.set, flags))
+    with config_of("rollout", args.config):
+        cfg = cfgmod.load(RolloutConfig, args.config, overrides(args.set, flags))
     apply_bucket_flags(cfg, args)
     summary = run_sync(rollout(cfg, progress=not args.quiet))
     if args.json:

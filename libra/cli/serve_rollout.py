@@ -12,6 +12,7 @@ from libra.cli.common import (
     add_ray_flag,
     add_set_flag,
     apply_bucket_flags,
+    config_of,
     fleet_overrides,
     overrides,
     ray_overrides,
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         **fleet_overrides(args),
         **ray_overrides(args),
     }
-    cfg = cfgmod.load(ServiceConfig, args.config, overrides(args.set, flags))
+    with config_of("serve-rollout", args.config):
+        cfg = cfgmod.load(ServiceConfig, args.config, overrides(args.set, flags))
     cfg.token = token_from_env(args.token or cfg.token)
     if args.env:
         entries = []

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from libra.cli.common import add_json_flag, add_set_flag, overrides, print_json
+from libra.cli.common import add_json_flag, add_set_flag, config_of, overrides, print_json
 
 EPILOG = """\
 examples:
@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="libra: %(message)s", stream=sys.stderr)
     flags = {"out": args.out, "seed": args.seed, "steps": args.steps,
              "report.display": args.display}  # fmt: skip
-    cfg = load_config(args.config, overrides(args.set, flags))
+    with config_of("train", args.config):
+        cfg = load_config(args.config, overrides(args.set, flags))
     if args.dry_run:
         from libra.train.dryrun import describe, render
 

@@ -150,3 +150,23 @@ def test_traces_cut_or_of_other_rows_are_one_line(
     weird.write_bytes(gzip.decompress(trace.read_bytes()).splitlines()[0][:-1] + b',"turns":5}\n')
     one_line_error(capsys, ["plan", "--gpus", "8", "--workload", str(weird)],
                    "not a trajectory record: turns: ")  # fmt: skip
+
+
+def test_a_config_written_for_another_command_says_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A train config given to `libra rollout` was eleven 'unknown key' problems on one
+    line; it is one sentence naming the command the file is for. A misspelled key in a
+    config of the right command is still named as such."""
+    rollout = str(ROOT / "examples/cpu-rollout.toml")
+    service = str(ROOT / "examples/serve-rollout-vllm.toml")
+    for argv, says in (
+        (["rollout", TRAIN], "is a `libra train` config, not a `libra rollout` one"),
+        (["serve-rollout", TRAIN], f"run `libra train {TRAIN}`"),
+        (["train", rollout, "--dry-run"], "is a `libra rollout` config, not a `libra train`"),
+        (["rollout", service], f"run `libra serve-rollout {service}`"),
+    ):
+        one_line_error(capsys, argv, says)
+    typo = tmp_path / "typo.toml"
+    typo.write_text((ROOT / "examples/cpu-rollout.toml").read_text() + "\nconcurency = 4\n")
+    one_line_error(capsys, ["rollout", str(typo)], "concurency: unknown key")
