@@ -91,30 +91,28 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
     return out
 
 
-def nonnegative(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
-    return n
+def _at_least(least: int, doc: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {least}, got {text!r}"
+            ) from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {n}")
+        return n
+
+    parse.__doc__ = doc
+    return parse
 
 
+nonnegative = _at_least(0, "An argparse type: an integer >= 0.")
 seed = nonnegative
 """An argparse type for seeds (numpy's generators take no negative one)."""
-
-
-def count(text: str) -> int:
-    """An argparse `type` for a count flag: an integer >= 1 (argparse names the flag)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
-    return n
+count = _at_least(
+    1, "An argparse `type` for a count flag: an integer >= 1 (argparse names the flag)."
+)
 
 
 def int_list(text: str, flag: str, least: int | None = None, example: str = "") -> list[int]:

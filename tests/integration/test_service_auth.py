@@ -12,6 +12,7 @@ from aiohttp import web
 
 from libra.proxy.server import ProxyServer
 from libra.service.app import auth_middleware, error_middleware
+from tests.integration.service_util import serving
 
 TOKEN = "s3cret-token"
 
@@ -39,14 +40,8 @@ async def service_port() -> AsyncIterator[int]:
 
     app = web.Application(middlewares=[error_middleware, auth_middleware(TOKEN)])
     app.router.add_get("/v1/rollouts/x", hello)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
+    async with serving(app) as port:
+        yield port
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from libra.service.app import SMALL_BODY, _body, error_middleware
 from libra.service.config import WeightsRequest
+from tests.integration.service_util import serving
 
 
 @pytest.fixture
@@ -27,14 +28,8 @@ async def port() -> AsyncIterator[int]:
 
     app = web.Application(middlewares=[error_middleware], client_max_size=64 * 2**20)
     app.router.add_post("/v1/weights", weights)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
+    async with serving(app) as port:
+        yield port
 
 
 async def exchange(port: int, head: bytes, body: bytes) -> tuple[int, dict]:
