@@ -27,19 +27,26 @@ from typing import Any
 
 import orjson
 
-CONFIG = """
-out = "{out}"
-seed = 5
-steps = {steps}
-
-[model]
+TINY_MODEL = """[model]
 hidden_size = 64
 intermediate_size = 128
 num_hidden_layers = 1
 num_attention_heads = 2
 num_key_value_heads = 2
 max_position_embeddings = 1024
+"""
+"""The smallest model `libra train` builds here and in the tests (one layer of 64): a few
+seconds a step."""
 
+CONFIG = (
+    """
+out = "{out}"
+seed = 5
+steps = {steps}
+
+"""
+    + TINY_MODEL.replace("{", "{{").replace("}", "}}")
+    + """
 [data]
 env = "arith"
 
@@ -69,6 +76,7 @@ plots = false
 backend = "{backend}"
 address = "{address}"
 """
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
