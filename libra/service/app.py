@@ -17,8 +17,9 @@ fix. With a token, every call but `/healthz` needs `Authorization: Bearer TOKEN`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -197,15 +198,42 @@ async def trajectories(request: web.Request) -> web.StreamResponse:
     chunks = episode_chunks(batch, after) if unit == "episode" else group_chunks(batch, after)
     manager.readers += 1
     batch.readers += 1
+    send = asyncio.ensure_future(_send(resp, chunks))
+    gone = asyncio.ensure_future(_client_gone(request))
     try:
-        async for chunk in chunks:
-            await resp.write(chunk)  # waits while the client is slow: episodes go on
-        await resp.write_eof()
+        await asyncio.wait({send, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        gone.cancel()
+        if not send.done():  # the client left while nothing new was to be sent
+            send.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await send
         manager.readers -= 1
         batch.readers -= 1
         manager.evict()
+    if not send.cancelled():
+        send.result()  # what sending raised (a client that left mid-write: a quiet 499)
     return resp
+
+
+async def _send(resp: web.StreamResponse, chunks: AsyncIterator[bytes]) -> None:
+    async for chunk in chunks:
+        await resp.write(chunk)  # waits while the client is slow: episodes go on
+    await resp.write_eof()
+
+
+GONE_POLL_S = 1.0
+"""How often a stream waiting for records checks that its client is still there."""
+
+
+async def _client_gone(request: web.Request) -> None:
+    """Returns once the client's connection is closed. A stream waiting for the next
+    record learnt it only when that record came (a batch whose episodes take minutes
+    kept a reader that had left counted, and its finished batch in memory, that long)."""
+    # aiohttp tells a handler of a lost connection only by cancelling it (off here: a
+    # submit cut short must not leave its batch half made), so this polls.
+    while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110
+        await asyncio.sleep(GONE_POLL_S)
 
 
 async def weights(request: web.Request) -> web.StreamResponse:

@@ -5,6 +5,7 @@ is read, no episode runs, and the service keeps answering."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,41 @@ async def test_readers_that_leave_are_not_errors_in_the_log(
         svc.close()
     log = svc.logs[0].read_text()
     assert "Error handling request" not in log and "Traceback" not in log, log[-3000:]
+
+
+async def test_a_reader_that_leaves_a_quiet_stream_stops_counting(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """A stream waiting for the next record learnt that its client had left only when
+    that record came: with episodes that take minutes, the reader stayed counted (and its
+    batch held in memory) as long. Now within about a second (`GONE_POLL_S`)."""
+    url, _ = spawn_fake(delay=120.0)  # no record comes while the test runs
+    svc = Service(tmp_path, tiny_model, [url])
+    base = svc.start()
+
+    async def readers(s: aiohttp.ClientSession) -> int:
+        async with s.get(base + "/metrics") as r:
+            text = await r.text()
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("libra_stream_readers ")]
+        return int(float(line.split()[1]))
+
+    try:
+        task = {"id": "q", "question": "1+1?", "answer": "2"}
+        assert (await post(base, {"env": "arith", "tasks": [task], "batch_id": "slow"}))[0] == 201
+        async with aiohttp.ClientSession() as s:
+            reader = aiohttp.ClientSession()
+            r = await reader.get(base + "/v1/rollouts/slow/trajectories")
+            assert r.status == 200
+            assert await readers(s) == 1
+            r.close()
+            await reader.close()
+            for _ in range(100):  # 10 s
+                if await readers(s) == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert await readers(s) == 0
+    finally:
+        svc.close()
 
 
 def test_connections_that_never_finish_their_headers_do_not_take_the_service(
