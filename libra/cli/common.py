@@ -91,28 +91,28 @@ def parse_pairs(values: list[str] | None, flag: str, example: str) -> list[tuple
     return out
 
 
-def _at_least(least: int, doc: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {least}, got {text!r}"
-            ) from None
-        if n < least:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {n}")
-        return n
-
-    parse.__doc__ = doc
-    return parse
+def _int_at_least(text: str, least: int) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}") from None
+    if n < least:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {n}")
+    return n
 
 
-nonnegative = _at_least(0, "An argparse type: an integer >= 0.")
+def nonnegative(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
 seed = nonnegative
 """An argparse type for seeds (numpy's generators take no negative one)."""
-count = _at_least(
-    1, "An argparse `type` for a count flag: an integer >= 1 (argparse names the flag)."
-)
+
+
+def count(text: str) -> int:
+    """An argparse `type` for a count flag: an integer >= 1 (argparse names the flag)."""
+    return _int_at_least(text, 1)
 
 
 def int_list(text: str, flag: str, least: int | None = None, example: str = "") -> list[int]:
