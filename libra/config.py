@@ -9,11 +9,15 @@ field's path and the file in the message, e.g.
 
 from __future__ import annotations
 
+import functools
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from libra.errors import ConfigError
 
@@ -21,11 +25,46 @@ C = TypeVar("C", bound="Config")
 
 
 class Config(BaseModel):
-    """Base of every config: strict keys, field docstrings become descriptions."""
+    """Base of every config: strict keys, field docstrings become descriptions, and
+    strict scalars: a number field takes a number (`steps = true` and `steps = "10"`
+    are errors, not 1 and 10), a boolean field `true` or `false` (not `"no"` or 0)."""
 
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, validate_assignment=True
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_scalar(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = _scalar_kind(cls, info.field_name) if info.field_name else None
+        if kind is None or v is None:
+            return v
+        if kind is bool:
+            if not isinstance(v, bool):
+                raise PydanticCustomError("strict_bool", "expected true or false")
+        elif isinstance(v, bool):
+            raise PydanticCustomError("strict_number", "expected a number, not true/false")
+        elif isinstance(v, str):
+            raise PydanticCustomError(
+                "strict_number", 'expected a number, not a string (write 4, not "4")'
+            )
+        return v
+
+
+@functools.cache
+def _scalar_kind(cls: type[Config], name: str) -> type | None:
+    """int, float or bool when field `name` of `cls` is that type (or it or None), else
+    None (a union with other types, a string, a model: pydantic's own rules apply)."""
+    field = cls.model_fields.get(name)
+    if field is None:
+        return None
+    ann = field.annotation
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        ann = args[0]
+    return typing.cast(type, ann) if ann in (int, float, bool) else None
 
 
 def format_validation_error(err: ValidationError, source: str = "") -> str:

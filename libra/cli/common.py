@@ -193,6 +193,9 @@ def set_pairs(pairs: list[str]) -> list[tuple[str, Any]]:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {pair}: expected KEY=VALUE, e.g. --set planner.adapt=false")
+        if not all(part.strip() for part in key.split(".")):
+            raise ConfigError(f"--set {pair}: the key {key.strip()!r} has an empty part; keys "
+                              "are dotted names, e.g. --set planner.adapt=false")  # fmt: skip
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:

@@ -54,6 +54,11 @@ def test_bad_values_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["profile", "--endpoint", "tp1=http://127.0.0.1:9", "--out", str(tmp_path)],
          "--out"),
         (["bench", "train-ab", TRAIN, "--steps", "0"], "--steps"),
+        (["train", TRAIN, "--dry-run", "--set", ".steps=1"],
+         "--set .steps=1: the key '.steps' has an empty part"),
+        (["train", TRAIN, "--dry-run", "--set", "planner..adapt=false"], "has an empty part"),
+        (["train", TRAIN, "--dry-run", "--set", "steps=true"],
+         "steps: expected a number, not true/false"),
     ]  # fmt: skip
     for argv, says in cases:
         one_line_error(capsys, argv, says)

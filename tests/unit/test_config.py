@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,4 +48,42 @@ def test_a_check_across_fields_is_its_own_message_not_the_whole_document() -> No
         load_config(ROOT / "examples/cpu-train.toml", {"model.hidden_size": 127})
     assert str(err.value).endswith(
         "cpu-train.toml: model.hidden_size (127) must be a multiple of num_attention_heads (2)"
+    )
+
+
+def test_numbers_and_booleans_are_not_coerced_from_other_types(tmp_path: Path) -> None:
+    """`group_size = "2"` was read as 2, `steps = true` as 1 and `adapt = "no"` as
+    false: a quoted number or a flag in the wrong place ran as something else."""
+    from libra.planner import ReplanConfig
+    from libra.service.config import SubmitRequest
+
+    f = tmp_path / "c.toml"
+    for text, problem in (
+        ('group_size = "2"', 'group_size: expected a number, not a string (write 4, not "4")'),
+        ("group_size = true", "group_size: expected a number, not true/false"),
+        ('[sampling]\ntemperature = "0.5"', "sampling.temperature: expected a number"),
+        ("concurrency = false", "concurrency: expected a number, not true/false"),
+    ):
+        f.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=re.escape(f"c.toml: {problem}")):
+            config.load(RolloutConfig, f)
+    with pytest.raises(ConfigError, match="expected a number"):
+        config.build(SubmitRequest, {"env": "arith", "tasks": [{}], "group_size": "4"})
+    # what a number field takes as it is: an int for a float, an integral float for an int
+    f.write_text("group_size = 4.0\n[sampling]\ntemperature = 1\n")
+    cfg = config.load(RolloutConfig, f)
+    assert (cfg.group_size, cfg.sampling.temperature) == (4, 1.0)
+    assert ReplanConfig(min_gain_fraction=0).min_gain_fraction == 0.0
+    assert config.build(SubmitRequest, {"env": "a", "tasks": [{}], "step": None}).step is None
+
+
+def test_a_boolean_field_takes_true_or_false_only() -> None:
+    from libra.train import load_config
+
+    for value in (0, "no", "false"):
+        with pytest.raises(ConfigError, match="planner.adapt: expected true or false"):
+            load_config(ROOT / "examples/cpu-train.toml", {"planner.adapt": value})
+    assert (
+        load_config(ROOT / "examples/cpu-train.toml", {"planner.adapt": False}).planner.adapt
+        is False
     )
