@@ -15,7 +15,11 @@ being parsed here). So one process's semantics hold unchanged:
 - a worker that dies (its socket ends) loses nothing finished (records it sent are the
   front's); the episodes it was running are run again on the other workers, or on its
   replacement, which is started at once (as a restarted service runs them again); an
-  episode whose worker died `MAX_LOST` times under it is recorded as an error instead;
+  episode whose worker died `MAX_LOST` times under it is recorded as an error instead.
+  Episodes that died together are placed on different workers where they can be, and
+  never share one while either is on its last try (`_Call.apart`): an episode that kills
+  its worker takes it alone to its error record, not the innocent ones that shared its
+  workers (with few workers that costs time: those run one per worker at their last try);
 - routing state is merged: each finished record's lesson (`libra.rollout.wire`) goes
   to every other worker's policy for that env, so each learns from all episodes;
 - endpoint pools are split: every worker talks to every endpoint, with `max_inflight`
@@ -61,6 +65,7 @@ from libra.rollout.wire import (
     unpack_record,
 )
 from libra.rollout.worker import WorkerInit
+from libra.rollout.worker_runners import WorkerRunner
 from libra.routing.base import RoutingPolicy
 
 log = logging.getLogger("libra.workers")
@@ -71,9 +76,9 @@ ABORT_WAIT_S = 10.0
 """How long a cancelled episode waits for its worker's `aborted` record."""
 MAX_LOST = 3
 """Workers that may die under one episode before it is recorded as an error (an episode
-that kills its worker must not kill them all in turn, forever). An episode that shared
-a worker with such an episode each time is recorded so too (which one killed it cannot
-be told)."""
+that kills its worker must not kill them all in turn, forever). Which of a dead worker's
+episodes killed it cannot be told, so the ones that died together are kept apart at
+their last try (`_Call.apart`): an innocent one then does not die a third time with it."""
 HANG_S = 60.0
 """A worker that has sent nothing for this long, pings included, is hung (its event loop
 blocked: a sync call that never returns, a C extension holding the GIL): it is killed,
@@ -92,12 +97,28 @@ class WorkerLost(Exception):
 class _Call:
     future: asyncio.Future[RawRecord | None]
     env: str
+    died: frozenset[int] = frozenset()
+    """The workers (`_Worker.serial`) that died under this episode before."""
+
+    @property
+    def last_try(self) -> bool:
+        return len(self.died) >= MAX_LOST - 1
+
+    def apart(self, other: _Call) -> bool:
+        """Whether the two must not share a worker: they died together before and one
+        of them is at its last try (the other may be what killed them)."""
+        return bool(self.died & other.died) and (self.last_try or other.last_try)
+
+
+_serials = itertools.count()
 
 
 @dataclass(eq=False)
 class _Worker:
     slot: int
     proc: subprocess.Popen[bytes]
+    serial: int = field(default_factory=lambda: next(_serials))
+    """This process's identity among every worker the pool started."""
     writer: asyncio.StreamWriter | None = None
     pid: int = 0
     ready: bool = False
@@ -177,6 +198,8 @@ class WorkerPool:
         self._keys = itertools.count()
         self._batches: dict[str, BatchInfo] = {}
         self._ready = asyncio.Event()
+        self._freed = asyncio.Event()
+        """Set when a call ends or a worker is ready: a call kept apart may now fit."""
         self._dir = ""
         self._server: asyncio.AbstractServer | None = None
         self._conns: dict[int, asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
@@ -324,6 +347,7 @@ class WorkerPool:
         w.ready = True
         self.workers[slot] = w
         self._ready.set()
+        self._freed.set()
         return w, reader
 
     async def _read(self, w: _Worker, reader: asyncio.StreamReader) -> None:
@@ -351,6 +375,7 @@ class WorkerPool:
                 fut.set_result(h)
             return
         call = w.calls.pop(h["e"], None)
+        self._freed.set()
         if call is None or call.future.done():
             return  # an episode given up on (its cancel timed out)
         if op == "done":
@@ -401,13 +426,23 @@ class WorkerPool:
         self._batches[info.id] = info
         return WorkerRunner(self, info, policy)
 
-    async def _pick(self) -> _Worker:
+    async def _pick(self, call: _Call) -> _Worker:
+        """The live worker with the fewest calls; for an episode whose workers died
+        under it, the one with the fewest calls that died with it, none of them kept
+        apart from it (waits until one is)."""
         while True:
+            self._freed.clear()
             live = [w for w in self.workers if w is not None and w.ready]
-            if live:
+            if live and not call.died:
                 return min(live, key=lambda w: len(w.calls))
-            self._ready.clear()
-            await self._ready.wait()
+            fits = []
+            for w in live:
+                shared = [c for c in w.calls.values() if c.died & call.died]
+                if not any(call.apart(c) for c in shared):
+                    fits.append((len(shared), len(w.calls), w.slot, w))
+            if fits:
+                return min(fits)[-1]
+            await self._freed.wait()
 
     async def run(
         self,
@@ -419,26 +454,27 @@ class WorkerPool:
         """Run `spec` in a worker; its record. Cancelled: the worker's `aborted` record
         goes to `on_abort` (if it comes within ABORT_WAIT_S), then CancelledError."""
         loop = asyncio.get_running_loop()
-        lost = 0
+        died: frozenset[int] = frozenset()
         while True:
-            w = await self._pick()
+            fut: asyncio.Future[RawRecord | None] = loop.create_future()
+            call = _Call(fut, info.env, died)
+            w = await self._pick(call)
             if info.id not in w.batches:
                 w.batches.add(info.id)
                 w.send({"op": "batch", "b": info.id, "env": info.env, "sampling": info.sampling})
             key = next(self._keys)
-            fut: asyncio.Future[RawRecord | None] = loop.create_future()
-            w.calls[key] = _Call(fut, info.env)
+            w.calls[key] = call
             w.send({"op": "run", "e": key, "b": info.id, "bid": spec.batch_id, "id": spec.id,
                     "task_id": spec.task_id, "group_id": spec.group_id, "task": spec.task,
                     "index": spec.index, "step": spec.step, "waited": waited})  # fmt: skip
             try:
                 record = await asyncio.shield(fut)  # cancelled, it still takes the reply
             except WorkerLost:
-                lost += 1
-                if lost >= MAX_LOST:
+                died |= {w.serial}
+                if len(died) >= MAX_LOST:
                     # The episode's record, not the batch's end: it raised here, and the
                     # batch (`libra rollout`) stopped with every other episode aborted.
-                    return _lost_record(info, spec, lost)
+                    return _lost_record(info, spec, len(died))
                 continue
             except asyncio.CancelledError:
                 await self._cancel(w, key, fut, on_abort)
@@ -456,10 +492,12 @@ class WorkerPool:
     ) -> None:
         if self.closing or w.lost:
             w.calls.pop(key, None)
+            self._freed.set()
             return
         w.send({"op": "cancel", "e": key})
         await asyncio.wait([fut], timeout=ABORT_WAIT_S)
         w.calls.pop(key, None)
+        self._freed.set()
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             record = fut.result()
             if record is not None and on_abort is not None:
@@ -538,66 +576,4 @@ def _lost_record(info: BatchInfo, spec: EpisodeSpec, lost: int) -> RawRecord:
     return unpack_record(*pack_record(rec))
 
 
-class WorkerRunner:
-    """One batch's view of a `WorkerPool`: a `libra.rollout.batch.Runner` whose records
-    are `RawRecord`s (for `run_episodes` and the service's batch manager)."""
-
-    def __init__(self, pool: WorkerPool, info: BatchInfo, policy: RoutingPolicy):
-        self.pool = pool
-        self.info = info
-        self.policy = policy
-        """What `run_episodes` tells of each record in the front: the workers' policies
-        route and learn, so give one that does nothing with a `RawRecord`
-        (`StaticPolicy`)."""
-
-    async def run(
-        self,
-        spec: EpisodeSpec,
-        *,
-        admitted_after_s: float = 0.0,
-        on_abort: Callable[[Any], None] | None = None,
-    ) -> Any:
-        return await self.pool.run(self.info, spec, admitted_after_s, on_abort)
-
-
-class ParsedRunner:
-    """A `WorkerRunner` for a front that needs each record's content (`libra train`
-    trains on it): records come back as `Trajectory`s, parsed in a thread (a record is
-    as big as its episode), and reach `policy`, the front's copy of the routing policy
-    (it learns from every record, as each worker's does, and is the one that is saved).
-    A finished record is never dropped: cancelled while it is parsed, it goes to
-    `on_abort` as it is."""
-
-    def __init__(self, inner: WorkerRunner, policy: RoutingPolicy):
-        self.inner = inner
-        self.policy = policy
-
-    async def run(
-        self,
-        spec: EpisodeSpec,
-        *,
-        admitted_after_s: float = 0.0,
-        on_abort: Callable[[Trajectory], None] | None = None,
-    ) -> Trajectory:
-        def aborted(raw: RawRecord) -> None:  # the batch is stopping: small and rare
-            if on_abort is not None:
-                on_abort(Trajectory.from_json(raw.blob))
-
-        raw = await self.inner.run(spec, admitted_after_s=admitted_after_s, on_abort=aborted)
-        parsing = asyncio.ensure_future(asyncio.to_thread(Trajectory.from_json, raw.blob))
-        try:
-            return await asyncio.shield(parsing)
-        except asyncio.CancelledError:
-            await asyncio.wait([parsing])
-            if on_abort is not None and parsing.exception() is None:
-                on_abort(parsing.result())
-            raise
-
-    def end_step(self, step: int) -> None:
-        """Step `step` ended: the workers' policies apply what they held back (the
-        front's own is told by `finish_step`)."""
-        self.inner.pool.end_step(self.inner.info.env, step)
-
-
-__all__ = ["BatchInfo", "ParsedRunner", "WorkerLost", "WorkerPool", "WorkerRunner",
-           "split_limits", "worker_buckets"]  # fmt: skip
+__all__ = ["BatchInfo", "WorkerLost", "WorkerPool", "split_limits", "worker_buckets"]

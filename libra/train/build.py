@@ -35,7 +35,8 @@ from libra.rollout.serving import model_context, resolve_buckets
 from libra.rollout.sink import JsonlSink
 from libra.rollout.tasks import load_tasks, task_id
 from libra.rollout.worker import HostedEnv, WorkerInit
-from libra.rollout.workers import BatchInfo, ParsedRunner, WorkerPool, split_limits, worker_buckets
+from libra.rollout.worker_runners import ParsedRunner
+from libra.rollout.workers import BatchInfo, WorkerPool, split_limits, worker_buckets
 from libra.routing.base import RoutingPolicy
 from libra.train import placement
 from libra.train.admission import StalenessGate

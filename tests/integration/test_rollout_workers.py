@@ -124,3 +124,42 @@ async def test_an_episode_that_kills_its_worker_is_an_error_record_and_the_batch
     assert bad.error == (f"{MAX_LOST} rollout workers died while running it (a process exit "
                          "or crash in the env's code?); it is not run again")  # fmt: skip
     assert {r.status for r in recs.values()} == {"ok"}
+
+
+SLOW_KILLER_ENV = KILLER_ENV.replace(
+    "        os._exit(7)\n",
+    "        os._exit(7)\n    time.sleep(0.5)  # the others are still running when it strikes\n",
+).replace("import os\n", "import os\nimport time\n")
+
+
+async def test_episodes_that_shared_a_worker_with_a_killer_are_not_its_victims(
+    tmp_path: Path, tiny_model: Path, spawn_fake, capfd
+) -> None:
+    """Two workers, twelve episodes at once, one of which kills its worker at every try.
+    The episodes that died with it ran again beside it, died with it again and, at the
+    third death, were recorded as errors with it (which one killed the worker cannot be
+    told). Now the ones that died together are kept apart at their last try: only the
+    killer's record is an error."""
+    import orjson
+
+    url, _ = spawn_fake()
+    (tmp_path / "killer.py").write_text(SLOW_KILLER_ENV)
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [{"id": "bad", "question": "What is 2 + 3?", "answer": "5"}] + [
+        {"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(11)
+    ]
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[url])],
+            env=f"{tmp_path}/killer.py:Killer", tasks=str(tasks), concurrency=12,
+            workers=2)  # fmt: skip
+    summary = await rollout(c, progress=False)
+    recs = {r.task_id: r for r in read_jsonl(c.out)}
+    assert summary["episodes"] == len(recs) == 12
+    assert recs.pop("bad").status == "error"
+    assert {t: r.status for t, r in recs.items() if r.status != "ok"} == {}
+    assert {r.reward for r in recs.values()} == {1.0}
+    # the innocent ones did die with it (else this shows nothing)
+    died = re.findall(
+        r"exited with 7; its (\d+) running episodes run again", capfd.readouterr().err
+    )
+    assert len(died) >= 3 and sum(map(int, died)) > 3, died

@@ -19,7 +19,8 @@ from libra.rollout.run import make_policy
 from libra.rollout.serving import resolve_serving
 from libra.rollout.tasks import episode_specs, load_tasks
 from libra.rollout.worker import HostedEnv, WorkerInit
-from libra.rollout.workers import BatchInfo, ParsedRunner, WorkerPool, split_limits, worker_buckets
+from libra.rollout.worker_runners import ParsedRunner
+from libra.rollout.workers import BatchInfo, WorkerPool, split_limits, worker_buckets
 from tests.conftest import ROOT
 
 
