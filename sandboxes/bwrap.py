@@ -64,30 +64,43 @@ class BwrapSandbox(ExecFileOps):
         self.cgroup = cgroup
         self._procs: set[asyncio.Task[RawExec]] = set()
 
-    def _launcher(self, argv: list[str], cwd: str, env: dict[str, str]) -> list[str]:
-        fs = self.state / "fs"
-        merged = self.state / "merged"
+    def _launcher(self, argv: list[str], args_fd: int) -> list[str]:
+        """The command that runs `argv` in the sandbox; bwrap reads its options (`options`)
+        from `args_fd`. No host path is left where the sandbox can read it: the overlay
+        is mounted from inside the sandbox's folder with relative paths (its options show
+        in /proc/self/mountinfo) and bwrap, the sandbox's PID 1, has its options from a
+        pipe (they show in /proc/1/cmdline), which is empty once read, and an empty
+        environment."""
         procs = self.cgroup.procs_files if self.cgroup else []
         joins = "".join(f"echo $$ > {shlex.quote(f)} && " for f in procs)
         mount = (
-            f"mount -t overlay overlay -o lowerdir={self.rootfs},upperdir={fs}/upper,"
-            f"workdir={fs}/work {shlex.quote(str(merged))}"
+            f"cd {shlex.quote(str(self.state))} && "
+            f"mount --bind {shlex.quote(str(self.rootfs))} lower && "
+            "mount -t overlay overlay -o lowerdir=lower,upperdir=fs/upper,workdir=fs/work merged"
         )
-        script = f'{joins}{mount} && exec bwrap "$@"'
-        bw = ["--bind", str(merged), "/", "--proc", "/proc", "--dev", "/dev"]
+        # bwrap's own environment, which the sandbox reads as /proc/1/environ, is empty:
+        # it was this process's (API keys and all), while `--clearenv` cleared only the
+        # command's.
+        bwrap = shlex.quote(shutil.which("bwrap") or "/usr/bin/bwrap")
+        script = f'{joins}{mount} && exec env -i {bwrap} --args {args_fd} -- "$@"'
+        root = os.geteuid() == 0
+        launcher = ["unshare", "-m" if root else "-rm", "--", "/bin/sh", "-c", script, "sh", *argv]
+        if self.cgroup is None:
+            mem = self.spec.memory_mb * 1024 * 1024
+            launcher = ["prlimit", f"--as={mem}", f"--nproc={self.spec.pids}", "--", *launcher]
+        return launcher
+
+    def options(self, cwd: str, env: dict[str, str]) -> list[str]:
+        """bwrap's options: the overlay as the root, fresh /proc and /dev, every namespace
+        unshared, the environment and the working folder."""
+        bw = ["--bind", str(self.state / "merged"), "/", "--proc", "/proc", "--dev", "/dev"]
         bw += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         bw += ["--hostname", "sandbox", "--clearenv"]
         if self.spec.network:
             bw.append("--share-net")
         for k, v in env.items():
             bw += ["--setenv", k, v]
-        bw += ["--chdir", cwd, "--", *argv]
-        root = os.geteuid() == 0
-        launcher = ["unshare", "-m" if root else "-rm", "--", "/bin/sh", "-c", script, "sh", *bw]
-        if self.cgroup is None:
-            mem = self.spec.memory_mb * 1024 * 1024
-            launcher = ["prlimit", f"--as={mem}", f"--nproc={self.spec.pids}", "--", *launcher]
-        return launcher
+        return [*bw, "--chdir", cwd]
 
     async def _exec(
         self,
@@ -101,14 +114,23 @@ class BwrapSandbox(ExecFileOps):
         flood_limit: int,
     ) -> RawExec:
         ooms = self.cgroup.oom_kills() if self.cgroup else 0
-        async with self._backend.exec_slots:
-            raw = await run_process(
-                self._launcher(argv, cwd, env),
-                stdin=stdin,
-                timeout=timeout,
-                max_output=max_output,
-                flood_limit=flood_limit,
-            )
+        options = b"".join(o.encode() + b"\0" for o in self.options(cwd, env))
+        r, w = os.pipe()
+        # written beside the start (a pipe holds 64 KiB; a large environment is more)
+        writing = asyncio.ensure_future(asyncio.to_thread(_write_all, w, options))
+        try:
+            async with self._backend.exec_slots:
+                raw = await run_process(
+                    self._launcher(argv, r),
+                    stdin=stdin,
+                    timeout=timeout,
+                    max_output=max_output,
+                    flood_limit=flood_limit,
+                    pass_fds=(r,),
+                )
+        finally:
+            os.close(r)  # a launcher that died unread: the writer gets EPIPE and ends
+            await asyncio.wait([writing])
         if self.cgroup is not None:
             raw.oom_killed = self.cgroup.oom_kills() > ooms
         if self.closed:
@@ -118,6 +140,18 @@ class BwrapSandbox(ExecFileOps):
     async def _close(self) -> None:
         self._backend._live.pop(self.id, None)
         await asyncio.to_thread(destroy, self.state, self.cgroup)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write `data` to the pipe `fd` and close it (a reader that left ends it)."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        pass  # the launcher died before it read them: its result says why
+    finally:
+        os.close(fd)
 
 
 def destroy(state: Path, cgroup: cgroups.Cgroup | None) -> None:
@@ -205,8 +239,6 @@ class BwrapBackend(Backend):
     async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
         spec = spec or SandboxSpec()
         rootfs = await asyncio.to_thread(images.rootfs, spec.image)
-        if any(c in str(rootfs) for c in ",:"):
-            raise SandboxError(f"rootfs path {rootfs} must not contain ',' or ':' (overlay)")
         sid = f"lb-{secrets.token_hex(6)}"
         state = self.state_dir / sid
         try:
@@ -222,6 +254,7 @@ class BwrapBackend(Backend):
         fs = state / "fs"
         fs.mkdir(parents=True)
         (state / "merged").mkdir()
+        (state / "lower").mkdir()  # the rootfs, bound there at each exec
         if os.geteuid() == 0:
             subprocess.run(
                 ["mount", "-t", "tmpfs", "-o", f"size={spec.disk_mb}m,mode=0700", "tmpfs", str(fs)],

@@ -31,6 +31,7 @@ async def run_process(
     flood_limit: int,
     env: dict[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    pass_fds: Sequence[int] = (),
 ) -> RawExec:
     start = clock()
     proc = await asyncio.create_subprocess_exec(
@@ -40,6 +41,7 @@ async def run_process(
         stderr=asyncio.subprocess.PIPE,
         env=env,
         start_new_session=True,
+        pass_fds=pass_fds,
     )
     out, err = OutputCapture(max_output), OutputCapture(max_output)
     flooded = False

@@ -1,9 +1,11 @@
-"""bubblewrap without cgroups: the rlimit fallback (what a non-root user gets)."""
+"""bubblewrap: the rlimit fallback without cgroups (what a non-root user gets), the sized
+writable layer as root, and what the sandbox can read of the host."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from libra.sandboxes.base import SandboxSpec
 from libra.sandboxes.bwrap import BwrapBackend
 
@@ -32,3 +34,24 @@ async def test_as_root_the_writable_layer_is_a_sized_tmpfs(tmp_path: Path) -> No
         assert rc == "rc=1" and int(size) <= 8 * 1024 * 1024  # the write failed at 8 MiB
         await sb.exec("rm /work/big")
         assert (await sb.exec("echo fits > /tmp/small && cat /tmp/small")).stdout == "fits\n"
+
+
+async def test_no_host_path_is_readable_inside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overlay's options (/proc/self/mountinfo) and bwrap's command line (PID 1's
+    /proc/1/cmdline) named the sandbox's folder and the image's rootfs on the host, and
+    bwrap's environment (/proc/1/environ) was the host process's, secrets included."""
+    monkeypatch.setenv("LIBRA_TEST_HOST_SECRET", "sk-do-not-leak")
+    need(BwrapBackend.available() is None, "bubblewrap unavailable")
+    async with BwrapBackend(state_dir=tmp_path / "state") as backend:
+        sb = await backend.create(SandboxSpec(image="busybox", memory_mb=64))
+        seen = await sb.exec(
+            "cat /proc/self/mountinfo /proc/1/cmdline /proc/*/cmdline /proc/*/environ "
+            "/proc/mounts; ls -l /proc/1/fd /proc/self/fd",
+            env={"SECRETISH": "x" * 100_000},  # options past a pipe's 64 KiB
+        )
+        assert seen.exit_code == 0 and "lowerdir=lower" in seen.stdout
+        for host in (str(tmp_path), str(sb.rootfs), "libra", "sk-do-not-leak"):  # type: ignore[attr-defined]
+            assert host not in seen.stdout
+        assert (await sb.exec("echo $SECRETISH | wc -c", env={"SECRETISH": "y"})).stdout == "2\n"
