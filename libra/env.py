@@ -114,8 +114,13 @@ def overrides(env: Env, hook: str) -> bool:
 
 
 def reward_wants_context(env: Env) -> bool:
-    params = inspect.signature(env.reward).parameters
-    return len(params) >= 3
+    """Whether `env.reward` takes the context: a third positional parameter (or
+    `*args`); keyword-only ones and `**kwargs` are not places for it."""
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = inspect.signature(env.reward).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    return sum(p.kind in positional for p in params) >= 3
 
 
 __all__ = ["ANSWER_RE", "Env", "last_answer", "overrides", "reward_wants_context"]

@@ -11,6 +11,7 @@ with the reason, and the batch goes on.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 from typing import Any
@@ -31,8 +32,13 @@ class BadReward(ValueError):
 async def score(
     env: Env, rec: Trajectory, ctx: Context, *, limit_s: float, wants_context: bool
 ) -> None:
-    """Set `rec.reward` / `rec.reward_info`, or `rec.status = "error"` with the reason."""
-    args = (ctx.task, rec, ctx) if wants_context else (ctx.task, rec)
+    """Set `rec.reward` / `rec.reward_info`, or `rec.status = "error"` with the reason.
+    The reward gets a copy of the record (made in a thread: it is as big as the
+    episode): what it changes there is not what is written (a reward that set
+    `trajectory.group_id` merged other tasks' episodes into one GRPO group, and one
+    that set a field to what JSON cannot hold lost the record and ended the batch)."""
+    view = await asyncio.to_thread(rec.model_copy, deep=True)
+    args = (ctx.task, view, ctx) if wants_context else (ctx.task, view)
     try:
         out = await usercode.call(
             functools.partial(env.reward, *args), limit_s=limit_s, what="env.reward"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from libra.rollout.layouts import adapt_tasks
 from libra.rollout.offload import offload
 from libra.rollout.serving import Serving, open_pool, resolve_model, resolve_serving
 from libra.rollout.sink import JsonlSink, Progress, Stats
-from libra.rollout.tasks import episode_specs, load_tasks
+from libra.rollout.tasks import episode_specs, given_tasks, load_tasks, unique_ids
 from libra.rollout.wire import Lesson, RawRecord
 from libra.routing.base import Bucket, RoutingPolicy, StaticPolicy
 
@@ -45,9 +46,13 @@ def load_env(spec: str, options: dict[str, Any]) -> Env:
         return check_env(obj, spec)
     if isinstance(obj, type) and issubclass(obj, Env):
         try:
-            return check_env(obj(**options), spec)
+            env = obj(**options)
         except TypeError as e:
-            raise ConfigError(f"env {spec!r} rejected its options {options}: {e}") from None
+            raise ConfigError(f"env {spec!r} rejected its options {options}: "
+                              f"{usercode.text(e)}") from None  # fmt: skip
+        except (Exception, SystemExit) as e:  # its constructor is user code
+            raise ConfigError(f"env {spec!r} failed to start: {usercode.describe(e)}") from None
+        return check_env(env, spec)
     # An agent function `async def run(task, client)`: runs through the OpenAI proxy.
     agent = as_agent(obj, spec, options)
     if agent is not None:
@@ -56,6 +61,24 @@ def load_env(spec: str, options: dict[str, Any]) -> Env:
         f"{spec!r} is not a libra.Env subclass nor an async agent function "
         f"`async def run(task, client)` (got {type(obj).__name__})"
     )
+
+
+CLOSE_S = 60.0
+"""How long `env.close` may take before the job ends without it."""
+
+
+async def close_env(env: Env, limit_s: float | None = None) -> None:
+    """`env.close()` as user code (`libra.usercode`, under `limit_s`): a failure or an
+    overrun is logged, never raised, so the job that ran the env still ends as it
+    should (a close that never returned kept `libra rollout` running after its last
+    record; a plain `def close` or one that raised ended it with a traceback)."""
+    limit_s = CLOSE_S if limit_s is None else limit_s
+    try:
+        await usercode.call(env.close, limit_s=limit_s, what="env.close")
+    except usercode.LimitExceeded:
+        log.warning("env.close did not return within %g s; the job ends without it", limit_s)
+    except Exception as e:
+        log.warning("env.close failed: %s", usercode.describe(e))
 
 
 def check_env(env: Env, spec: str) -> Env:
@@ -128,6 +151,13 @@ async def finish_step(policy: RoutingPolicy, step: int) -> None:
         await asyncio.to_thread(save)
 
 
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 async def rollout(
     config: RolloutConfig,
     *,
@@ -144,6 +174,14 @@ async def rollout(
             raise ConfigError(f"env {config.env!r} ships no tasks; pass --tasks FILE")
         tasks = load_tasks(tasks_path, config.num_tasks or 0)
         tasks = adapt_tasks(tasks, env.task_fields, env=config.env, source=str(tasks_path))
+        unique_ids(tasks, str(tasks_path))
+        if _same_file(config.out, tasks_path):
+            raise ConfigError(f"out {config.out!r} is the tasks file; records are appended "
+                              "to out: pass another file")  # fmt: skip
+    else:
+        tasks = given_tasks(tasks, "rollout(tasks=...)")
+        tasks = adapt_tasks(tasks, env.task_fields, env=config.env, source="rollout(tasks=...)")
+        unique_ids(tasks, "rollout(tasks=...)")
     batch_id = config.batch_id or uuid.uuid4().hex[:12]
     specs = list(episode_specs(tasks, config.group_size, batch_id, config.step))
     policy = make_policy(config.policy, serving.buckets, config.routing)
@@ -162,7 +200,7 @@ async def rollout(
 
     try:
         async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(env.close)  # runs last: after engines and pool stop
+            stack.push_async_callback(close_env, env)  # last: after engines and pool stop
             pool = await stack.enter_async_context(
                 open_pool(serving, config.endpoint, cluster=config.cluster, launch=config.launch)
             )
@@ -294,6 +332,7 @@ def _close_without(loop: asyncio.AbstractEventLoop, stuck: set[asyncio.Future[An
 __all__ = [
     "GC_THRESHOLDS",
     "check_env",
+    "close_env",
     "episode_runner",
     "finish_step",
     "load_env",

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
+from libra.errors import ConfigError
 from libra.record import Trajectory
 from libra.rollout.wire import RawRecord, facts_of, serialized
 
@@ -56,11 +57,18 @@ class JsonlSink:
 
     def __init__(self, path: str | Path, fsync: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if cut := whole_lines(self.path):
-            log.warning("%s: cut off a torn last line (%d bytes, a write that did not "
-                        "finish)", self.path, cut)  # fmt: skip
-        self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        if self.path.exists() and not self.path.is_file():
+            raise ConfigError(f"out {str(self.path)!r} is not a regular file (a folder, a "
+                              "device or a pipe); records go to a .jsonl file")  # fmt: skip
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if cut := whole_lines(self.path):
+                log.warning("%s: cut off a torn last line (%d bytes, a write that did not "
+                            "finish)", self.path, cut)  # fmt: skip
+            self._f: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        except OSError as e:
+            raise ConfigError(f"out {str(self.path)!r} cannot be written: "
+                              f"{e.strerror or e}") from None  # fmt: skip
         self.fsync = fsync
 
     def __call__(self, record: Trajectory | RawRecord) -> Trajectory | RawRecord:

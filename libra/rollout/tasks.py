@@ -37,15 +37,38 @@ def load_tasks(path: str | Path, limit: int = 0) -> list[dict[str, Any]]:
         tasks = tasks[:limit]
     if not tasks:
         raise ConfigError(f"tasks file {str(p)!r} holds no tasks")
+    unique_ids(tasks, str(p))
+    return tasks
+
+
+def unique_ids(tasks: Sequence[dict[str, Any]], source: str) -> None:
+    """Raises `ConfigError` naming the first task whose id an earlier one has (their
+    episodes would share ids and a group). Run again once verl / TRL rows are mapped
+    (`libra.rollout.layouts.adapt_tasks`): a mapped row's id can be another row's."""
     seen: dict[str, int] = {}
     for i, t in enumerate(tasks, 1):
         tid = task_id(t)
         if tid in seen:
-            raise ConfigError(
-                f"{p}: task {i} repeats the id {tid!r} of task {seen[tid]}; task ids must be unique"
-            )
+            raise ConfigError(f"{source}: task {i} repeats the id {tid!r} of task "
+                              f"{seen[tid]}; task ids must be unique")  # fmt: skip
         seen[tid] = i
-    return tasks
+
+
+def given_tasks(tasks: Any, source: str) -> list[dict[str, Any]]:
+    """Tasks handed over in Python (`rollout(config, tasks=...)`) checked as a file's
+    are: a non-empty list of JSON objects with unique ids."""
+    if not isinstance(tasks, Sequence) or isinstance(tasks, str | bytes) or not tasks:
+        raise ConfigError(f"{source}: expected a non-empty list of task dicts")
+    for i, t in enumerate(tasks, 1):
+        if not isinstance(t, dict):
+            raise ConfigError(f"{source}: task {i} is a {type(t).__name__}, not a dict")
+        try:
+            orjson.dumps(t)
+        except TypeError as e:
+            raise ConfigError(f"{source}: task {i} is not JSON ({e}); tasks are stored and "
+                              "sent as JSON objects") from None  # fmt: skip
+    unique_ids(tasks, source)
+    return list(tasks)
 
 
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:
@@ -104,4 +127,4 @@ def episode_specs(
             )
 
 
-__all__ = ["episode_specs", "load_tasks", "task_id"]
+__all__ = ["episode_specs", "given_tasks", "load_tasks", "task_id", "unique_ids"]

@@ -30,10 +30,10 @@ from libra.endpoints.pool import EndpointPool
 from libra.errors import ConfigError, EndpointDown, EnvError, TrainerError
 from libra.rollout.batch import Runner
 from libra.rollout.layouts import adapt_tasks
-from libra.rollout.run import episode_runner, load_env, make_policy
+from libra.rollout.run import close_env, episode_runner, load_env, make_policy
 from libra.rollout.serving import model_context, resolve_buckets
 from libra.rollout.sink import JsonlSink
-from libra.rollout.tasks import load_tasks, task_id
+from libra.rollout.tasks import load_tasks, task_id, unique_ids
 from libra.rollout.worker import HostedEnv, WorkerInit
 from libra.rollout.worker_runners import ParsedRunner
 from libra.rollout.workers import BatchInfo, WorkerPool, split_limits, worker_buckets
@@ -171,7 +171,7 @@ async def build_run(
         view.phase = "preparing"
         base = await prepare_model(cfg, out)
         env = load_env(cfg.data.env, cfg.data.env_options)
-        stack.push_async_callback(env.close)
+        stack.push_async_callback(close_env, env)
         tasks, val_tasks = train_tasks(cfg, env)
         tok = ChatTokenizer(base)
         hw = await calibrate(cfg, out, base, view)
@@ -409,6 +409,7 @@ def train_tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[
         raise ConfigError(f"env {cfg.data.env!r} ships no tasks; set data.train")
     fields, env_id = getattr(env, "task_fields", None), cfg.data.env
     tasks = adapt_tasks(_load(path, "data.train"), fields, env=env_id, source=str(path))
+    unique_ids(tasks, f"data.train: {path}")
     if not tasks:
         raise ConfigError(f"data.train: {path} holds no tasks")
     if cfg.data.val is None:
@@ -416,6 +417,7 @@ def train_tasks(cfg: TrainConfig, env: Any) -> tuple[list[dict[str, Any]], list[
     seen = {task_id(t) for t in tasks}
     val_tasks = adapt_tasks(_load(cfg.data.val, "data.val"), fields, env=env_id,
                             source=cfg.data.val)  # fmt: skip
+    unique_ids(val_tasks, f"data.val: {cfg.data.val}")
     val = [t for t in val_tasks if task_id(t) not in seen]
     if not val:
         raise ConfigError(f"data.val: {cfg.data.val} has no task that is not also in data.train")

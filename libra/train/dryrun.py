@@ -12,6 +12,7 @@ the layout, and the two are never mixed in one line.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +70,10 @@ def preflight(cfg: TrainConfig) -> list[str]:
     """What stops a run at its start that validating the config cannot see: the env,
     the task files and the hardware profile it names, each loaded as the run loads it
     (`load_env`, `train_tasks`, `load_hardware`), nothing started."""
-    import asyncio
 
     from libra.errors import LibraError
     from libra.proxy.agent import AgentEnv
-    from libra.rollout.run import load_env
+    from libra.rollout.run import close_env, load_env
     from libra.train.build import train_tasks
 
     problems = []
@@ -92,7 +92,7 @@ def preflight(cfg: TrainConfig) -> list[str]:
             if tasks and not isinstance(env, AgentEnv):
                 problems += _prompt_problem(env, tasks[0])
         finally:
-            asyncio.run(env.close())
+            asyncio.run(close_env(env))
     if cfg.planner.hardware != "local":
         from libra.planner import load_hardware
 
@@ -413,7 +413,9 @@ def _prompt_problem(env: Any, task: dict[str, Any]) -> list[str]:
     from libra.rollout.tasks import task_id
 
     try:
-        check_prompt(env.prompt(task))
+        # as an episode calls it (it may be async); a minute is past any prompt's time
+        prompt = asyncio.run(usercode.call(env.prompt, task, limit_s=60.0, what="env.prompt"))
+        check_prompt(prompt)
     except Exception as e:
         return [
             f"data.train: the env cannot build a prompt from task {task_id(task)!r} "

@@ -68,10 +68,18 @@ def write_json(path: Path, doc: Any) -> None:
 
 
 def read_state(out: Path) -> dict[str, Any] | None:
+    """The run's `state.json` (None: there is none); `ConfigError` when it is damaged."""
     p = out / "state.json"
     if not p.is_file():
         return None
-    doc: dict[str, Any] = json.loads(p.read_text())
+    try:
+        doc = json.loads(p.read_text())
+    except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
+        raise ConfigError(f"{p} cannot be read ({e}); the run's state is damaged: "
+                          "pass --fresh to start over, or set another out") from None  # fmt: skip
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{p} is not a run's state (a JSON object); pass --fresh to "
+                          "start the run over, or set another out")  # fmt: skip
     return doc
 
 
@@ -133,6 +141,9 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
     out = Path(cfg.out)
     if not cfg.out.strip():
         raise ConfigError('out is empty; name the run\'s folder (e.g. out = "runs/train")')
+    if out.is_symlink():
+        raise ConfigError(f"out {str(out)!r} is a symbolic link (to {os.readlink(out)!r}); "
+                          "name the folder itself")  # fmt: skip
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out {str(out)!r} is a file; name a folder for the run")
     if fresh and out.exists() and any(out.iterdir()):
@@ -150,7 +161,12 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
                               "name a folder this user can write") from None  # fmt: skip
         write_json(out / "config.json", cfg.model_dump(mode="json"))
         return out, None
-    saved = _comparable(_as_now(type(cfg), json.loads((out / "config.json").read_text())))
+    try:
+        saved_doc = json.loads((out / "config.json").read_text())
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{out} holds a state.json but its config.json cannot be "
+                          f"read ({e}); set another out") from None  # fmt: skip
+    saved = _comparable(_as_now(type(cfg), saved_doc))
     mine = cfg.model_dump(mode="json")
     if saved != _comparable(mine):
         now = _comparable(mine)

@@ -135,6 +135,11 @@ class Faulty(libra.Env):
             return 1.0, {"n": 2, "log": "x" * (10 << 20), "m": 3}
         if mode == "interrupt-reward":
             raise KeyboardInterrupt
+        if mode == "mutate-record":  # what it changes is its copy's
+            trajectory.group_id, trajectory.status = "another group", "bogus"
+            trajectory.loss_mask[:] = []
+            trajectory.id = object()
+            return 1.0
         # A blocking reward: it holds its thread until the loop has run a callback.
         return float(loop_answers(ctx.state["loop"]))
 
@@ -226,6 +231,19 @@ async def test_whatever_user_code_raises_is_the_episode_s_data(
     rec = recs["interrupt-reward"]
     assert (rec.status, rec.reward) == ("error", 0.0)
     assert rec.error == "reward failed: env.reward raised KeyboardInterrupt", rec.error
+
+
+async def test_a_reward_that_changes_the_record_changes_a_copy(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    """The reward got the record itself: a `group_id` it set was written (other tasks'
+    episodes in one GRPO group), a status or mask it set broke the record's schema, and
+    an id JSON cannot hold lost the record and ended the batch with a traceback."""
+    recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, ["plain", "mutate-record"])
+    rec, plain = recs["mutate-record"], recs["plain"]
+    assert (rec.status, rec.reward) == ("ok", 1.0), rec.error
+    assert rec.group_id.endswith("/mutate-record") and rec.id.startswith(rec.group_id)
+    assert len(rec.loss_mask) == len(rec.response_token_ids) == len(plain.response_token_ids)
 
 
 async def test_the_episode_limit_holds_over_a_tool_that_ignores_cancellation(

@@ -64,6 +64,20 @@ def test_bad_values_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         one_line_error(capsys, argv, says)
 
 
+def test_rollout_out_that_cannot_take_records_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder, a device or a path under a file as --out: a traceback each (after the
+    engines started); --out naming the tasks file appended the records to the tasks."""
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "question": "What is 1 + 1?", "answer": "2"}\n')
+    base = ["rollout", "--env", "arith", "--endpoint", "tp1=http://127.0.0.1:9"]
+    for out, says in ((tmp_path, "is not a regular file"), ("/dev/full", "is not a regular file"),
+                      (tasks / "x", "cannot be written"), (tasks, "is the tasks file")):  # fmt: skip
+        one_line_error(capsys, [*base, "--tasks", str(tasks), "--out", str(out)], says)
+    assert tasks.read_text().count("\n") == 1
+
+
 def test_eval_routing_needs_a_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.jsonl"
     assert main(["workload", "search-r1", "--out", str(trace), "--steps", "1",
@@ -175,3 +189,21 @@ def test_a_config_written_for_another_command_says_which(
     typo = tmp_path / "typo.toml"
     typo.write_text((ROOT / "examples/cpu-rollout.toml").read_text() + "\nconcurency = 4\n")
     one_line_error(capsys, ["rollout", str(typo)], "concurency: unknown key")
+
+
+def test_the_dry_run_calls_an_async_prompt_as_a_run_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env whose `prompt` is `async def` runs (an episode awaits it), but the dry run
+    called it plainly and said "env.prompt returned a coroutine": exit 2."""
+    (tmp_path / "aprompt.py").write_text(
+        "from libra.envs.arith import Arith\n\n\n"
+        "class AsyncPrompt(Arith):\n"
+        "    async def prompt(self, task):\n"
+        "        return super().prompt(task)\n"
+    )
+    monkeypatch.chdir(ROOT)  # the config's data files are relative to it
+    env = f'data.env="{tmp_path}/aprompt.py:AsyncPrompt"'
+    assert main(["train", TRAIN, "--dry-run", "--set", env, "--set", "sft.steps=0"]) == 0, (
+        capsys.readouterr().out
+    )

@@ -64,3 +64,26 @@ def test_the_working_folder_and_files_are_refused(
     with pytest.raises(ConfigError, match="is a file; name a folder"):
         prepare_out(config(afile), fresh=True)
     assert afile.read_text() == "x"
+
+
+def test_a_link_or_a_damaged_state_is_one_error_not_a_traceback(tmp_path: Path) -> None:
+    """`out` a symbolic link to a run: `OSError: Cannot call rmtree on a symbolic link`;
+    a state.json that is not JSON: a JSONDecodeError; one without its config.json: a
+    FileNotFoundError."""
+    run = tmp_path / "run"
+    prepare_out(config(run), fresh=False)
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    for fresh in (False, True):
+        with pytest.raises(ConfigError, match="is a symbolic link .* name the folder itself"):
+            prepare_out(config(link), fresh=fresh)
+    assert (run / "config.json").is_file()
+    (run / "state.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="state.json cannot be read .* pass --fresh"):
+        prepare_out(config(run), fresh=False)
+    _, state = prepare_out(config(run), fresh=True)  # what the message says works
+    assert state is None
+    write_json(run / "state.json", {"version": 2, "stream": 0, "loop": {}})
+    (run / "config.json").unlink()
+    with pytest.raises(ConfigError, match="holds a state.json but its config.json cannot be"):
+        prepare_out(config(run), fresh=False)
