@@ -29,9 +29,10 @@ from libra.auth import bearer_matches, is_loopback
 from libra.config import Config
 from libra.endpoints.pool import EndpointPool
 from libra.rollout.supervise import EngineWatch
+from libra.service.batch import Batch
 from libra.service.config import ServiceConfig, WeightsRequest
 from libra.service.errors import RequestError
-from libra.service.intake import parse_body, parse_submit
+from libra.service.intake import CHILDREN, parse_body, parse_submit
 from libra.service.manager import BatchManager
 from libra.service.metrics import render
 from libra.service.stream import episode_chunks, group_chunks
@@ -50,6 +51,8 @@ MANAGER = web.AppKey("manager", BatchManager)
 POOL = web.AppKey("pool", EndpointPool)
 CONFIG = web.AppKey("config", ServiceConfig)
 WATCH = web.AppKey("watch", EngineWatch)
+INTAKE = web.AppKey("intake", asyncio.Semaphore)
+"""Bounds the child processes that check large submit bodies (`intake.CHILDREN`)."""
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -105,7 +108,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except RequestError as e:
-        return _error(e.status, str(e))
+        resp = _error(e.status, str(e))
+        if e.close:
+            resp.force_close()
+        return resp
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -130,31 +136,57 @@ SMALL_BODY = 64 * 1024
 """Largest body of a request other than a submit (they carry a few fields)."""
 
 
-async def _body(request: web.Request, model: type[M]) -> M:
-    """A small request's body, refused as soon as it is known to be too big: a declared
-    length past `SMALL_BODY` before any of it is read, a chunked one at the first byte
-    past it (reading it whole first took up to `max_request_mb` per request)."""
+BODY_IDLE_S = 15.0
+"""A body that sends nothing for this long is given up: 408, connection closed (as
+`libra.service.server.IDLE_S` does for headers). A client that sent its headers and a
+few bytes of a body, then nothing, held its connection for ever, and enough of them
+took every connection the service serves."""
+BODY_MIN_RATE = 64 * 1024
+"""Bytes a second a body must average past its first `BODY_IDLE_S` (a trickle of a byte
+every few seconds is no faster than silence)."""
+
+
+async def _read_body(request: web.Request, limit: int, what: str) -> bytes:
+    """The body, refused as soon as it is known to be over `limit` bytes (`what` says
+    what the limit is): a declared length past it before any of it is read, a chunked
+    one at the first byte past it. Under `BODY_IDLE_S` between chunks and
+    `BODY_MIN_RATE` in all, else a 408 that closes the connection."""
     declared = request.content_length
-    if declared is not None and declared > SMALL_BODY:
+    if declared is not None and declared > limit:
         raise RequestError(413, f"the body is {declared} bytes; {request.method} "
-                           f"{request.path} takes at most {SMALL_BODY}")  # fmt: skip
+                           f"{request.path} takes at most {what}")  # fmt: skip
     raw = bytearray()
-    while len(raw) <= SMALL_BODY:
-        chunk = await request.content.read(SMALL_BODY + 1 - len(raw))
-        if not chunk:
-            break
-        raw += chunk
-    if len(raw) > SMALL_BODY:
-        raise RequestError(413, f"the body is over {SMALL_BODY} bytes; {request.method} "
-                           f"{request.path} takes at most {SMALL_BODY}")  # fmt: skip
-    return parse_body(bytes(raw), model)
+    expect = declared if declared is not None else limit
+    try:
+        async with asyncio.timeout(BODY_IDLE_S + expect / BODY_MIN_RATE):
+            while len(raw) <= limit:
+                want = min(limit + 1 - len(raw), 1 << 20)
+                chunk = await asyncio.wait_for(request.content.read(want), BODY_IDLE_S)
+                if not chunk:
+                    break
+                raw += chunk
+    except TimeoutError:
+        raise RequestError(408, f"the body did not arrive in time ({len(raw)} bytes in; a "
+                                f"body must not pause {BODY_IDLE_S:g} s nor average under "
+                                f"{BODY_MIN_RATE} bytes/s)", close=True) from None  # fmt: skip
+    if len(raw) > limit:
+        raise RequestError(413, f"the body is over {limit} bytes; {request.method} "
+                           f"{request.path} takes at most {what}")  # fmt: skip
+    return bytes(raw)
+
+
+async def _body(request: web.Request, model: type[M]) -> M:
+    """A small request's body (at most `SMALL_BODY`: reading it whole first took up to
+    `max_request_mb` per request)."""
+    return parse_body(await _read_body(request, SMALL_BODY, str(SMALL_BODY)), model)
 
 
 async def submit(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER]
+    mb = request.app[CONFIG].max_request_mb
+    raw = await _read_body(request, int(mb * 2**20), f"max_request_mb ({mb:g} MiB)")
     # Parsed off the event loop (libra.service.intake): a big body is slow to parse.
-    raw = await request.read()
-    req = await parse_submit(raw, request.app[CONFIG].max_task_kb * 1024)
+    req = await parse_submit(raw, request.app[CONFIG].max_task_kb * 1024, request.app[INTAKE])
     batch, created = await manager.submit(req)
     doc = {"batch_id": batch.id, "created": created, "episodes": batch.total}
     return _json(doc, 201 if created else 200)
@@ -185,7 +217,14 @@ async def trajectories(request: web.Request) -> web.StreamResponse:
     unit = request.query.get("unit", "episode")
     if unit not in ("episode", "group"):
         raise RequestError(400, f"unit={unit!r}: expected 'episode' or 'group'")
-    batch = await manager.get(request.match_info["batch_id"])
+    batch = await manager.hold(request.match_info["batch_id"])
+    try:
+        return await _stream(request, batch, after, unit)
+    finally:
+        manager.let_go(batch)
+
+
+async def _stream(request: web.Request, batch: Batch, after: int, unit: str) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={
             "Content-Type": "application/x-ndjson",
@@ -196,8 +235,6 @@ async def trajectories(request: web.Request) -> web.StreamResponse:
     resp.enable_chunked_encoding()
     await resp.prepare(request)
     chunks = episode_chunks(batch, after) if unit == "episode" else group_chunks(batch, after)
-    manager.readers += 1
-    batch.readers += 1
     send = asyncio.ensure_future(_send(resp, chunks))
     gone = asyncio.ensure_future(_client_gone(request))
     try:
@@ -208,9 +245,6 @@ async def trajectories(request: web.Request) -> web.StreamResponse:
             send.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await send
-        manager.readers -= 1
-        batch.readers -= 1
-        manager.evict()
     if not send.cancelled():
         send.result()  # what sending raised (a client that left mid-write: a quiet 499)
     return resp
@@ -329,6 +363,7 @@ def build_app(
     app[POOL] = pool
     app[CONFIG] = config
     app[WATCH] = watch or EngineWatch()
+    app[INTAKE] = asyncio.Semaphore(CHILDREN)
     app.router.add_post("/v1/rollouts", submit)
     app.router.add_get("/v1/rollouts/{batch_id}/trajectories", trajectories)
     app.router.add_get("/v1/rollouts/{batch_id}", status)

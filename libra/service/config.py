@@ -162,7 +162,7 @@ class SubmitRequest(Config):
     @field_validator("batch_id")
     @classmethod
     def _batch_id(cls, v: str | None) -> str | None:
-        if v is not None and not BATCH_ID.match(v):
+        if v is not None and not BATCH_ID.fullmatch(v):  # `$` lets a final "\n" through
             raise ValueError(
                 "must be 1-128 characters of letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"

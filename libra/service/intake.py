@@ -17,6 +17,7 @@ Errors are `RequestError`s naming the problem (400), as for any bad submit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import Any, TypeVar
 
@@ -33,6 +34,10 @@ M = TypeVar("M", bound=Config)
 INLINE_BYTES = 1 << 20
 """Bodies up to this size are parsed in a worker thread of this process."""
 CHILD_TIMEOUT_S = 120.0
+CHILDREN = 2
+"""Larger bodies checked at once, each in a child process (~70 MB of memory); the rest
+wait for one to end (30 at once took 2 GB, and nothing bounded them: 300 would have
+taken this machine's memory, with no token needed on loopback)."""
 MAX_ERROR = 2000
 """Longest error message returned (a validation error may quote its input)."""
 
@@ -64,12 +69,20 @@ def parse_body(raw: bytes, model: type[M]) -> M:
         raise RequestError(400, format_validation_error(e)[:MAX_ERROR]) from None
 
 
-async def parse_submit(raw: bytes, max_task_bytes: int) -> SubmitRequest:
-    """`POST /v1/rollouts`' body as a `SubmitRequest` (see the module docstring)."""
+async def parse_submit(
+    raw: bytes, max_task_bytes: int, children: asyncio.Semaphore | None = None
+) -> SubmitRequest:
+    """`POST /v1/rollouts`' body as a `SubmitRequest` (see the module docstring);
+    `children`: the app's bound on child processes at once (`CHILDREN`)."""
     if len(raw) <= INLINE_BYTES:
         req = await asyncio.to_thread(parse_body, raw, SubmitRequest)
         _check_task_sizes_inline(req, max_task_bytes)
         return req
+    async with children or contextlib.nullcontext():
+        return await _parse_in_child(raw, max_task_bytes)
+
+
+async def _parse_in_child(raw: bytes, max_task_bytes: int) -> SubmitRequest:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "libra.service.intake", str(max_task_bytes),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import time
@@ -246,6 +247,24 @@ class BatchManager:
             raise RequestError(404, f"no batch {batch_id!r} here; submit it with POST /v1/rollouts")
         return batch
 
+    async def hold(self, batch_id: str) -> Batch:
+        """`get`, counted as a reader until `let_go`: `evict` leaves it loaded. Counted
+        in the same step as it is found loaded: a stream counted itself only after its
+        first await, and another request's `evict` released the spool under it (reads
+        from a closed file, or from another batch's file that took its number)."""
+        while True:
+            batch = await self.get(batch_id)
+            if self.batches.get(batch_id) is batch:  # not evicted while this one waited
+                batch.readers += 1
+                self.readers += 1
+                return batch
+
+    def let_go(self, batch: Batch) -> None:
+        """The end of a `hold`."""
+        batch.readers -= 1
+        self.readers -= 1
+        self.evict()
+
     async def _load_back(self, batch_id: str) -> Batch:
         doc, state, made = await asyncio.to_thread(self._reload, batch_id)
         batch = self.batches.get(batch_id)  # a submit may have opened it meanwhile
@@ -317,6 +336,11 @@ class BatchManager:
             try:
                 made = await asyncio.to_thread(self._make, doc, prompt, env.task_fields)
             except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):  # not the disk's fault
+                    raise RequestError(503, f"no file descriptor is left for another batch "
+                                            f"({len(self.batches)} are open, each holds "
+                                            "two); submit it again once some have "
+                                            "finished") from None  # fmt: skip
                 raise RequestError(507, f"the batch cannot be stored under {self.root}: "
                                         f"{e.strerror or e}; free space there and submit "
                                         "it again") from None  # fmt: skip
@@ -339,8 +363,15 @@ class BatchManager:
             raise RequestError(400, str(e)) from None
         check_tasks(doc["tasks"], prompt)
         specs = specs_for(doc)
-        _create(self.root / doc["batch_id"], doc)
-        return specs, self._spool(doc)
+        folder = self.root / doc["batch_id"]
+        made = not folder.exists()
+        _create(folder, doc)
+        try:
+            return specs, self._spool(doc)
+        except OSError:  # refused: nothing of it may be run again at a restart
+            if made:
+                _forget(folder)
+            raise
 
     async def cancel(self, batch_id: str) -> Batch:
         """Queued episodes are recorded `aborted` at once, running ones as they stop."""
@@ -552,11 +583,20 @@ def _create(folder: Path, doc: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         write_json_atomic(folder / "batch.json", doc)
-    except OSError:
+    except OSError:  # the folder's fsync too: batch.json was in place, and ran at restart
         if made:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+            _forget(folder)
         raise
+
+
+def _forget(folder: Path) -> None:
+    """Remove a refused batch's folder, by name (listing a folder takes a descriptor,
+    and a submit refused for want of them has none)."""
+    for name in ("records.jsonl", "batch.json", "batch.json.tmp"):
+        with contextlib.suppress(OSError):
+            (folder / name).unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 __all__ = ["BatchManager"]

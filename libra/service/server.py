@@ -105,7 +105,11 @@ def cap_connections(server: Any, limit: int) -> None:
                 said[0] = time.monotonic()
                 log.warning("%d connections open, the most this service serves; new ones "
                             "are closed until some end", limit)  # fmt: skip
-            transport.close()
+            # Closed once the handler's task has started: closed here, the connection
+            # was lost before the task ran, which then failed on an assertion and left
+            # a traceback in the log for every connection refused.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, transport.close)
 
     server.connection_made = capped
 

@@ -99,7 +99,11 @@ class Spool:
         self._changed = asyncio.Event()
         self._recover()
         self._w: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        self._r = os.open(self.path, os.O_RDONLY)
+        try:
+            self._r: int | None = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            os.close(self._w)  # out of file descriptors: this one is not kept either
+            raise
         self.visible = self.synced = len(self.ends)
 
     # --- writing -----------------------------------------------------------------------
@@ -197,6 +201,8 @@ class Spool:
 
     def read_lines(self, first: int, last: int) -> bytes:
         """Raw lines of records `first..last` (inclusive), newline-terminated."""
+        if self._r is None:  # its number may be another batch's file by now
+            raise RuntimeError(f"{self.folder.name}: read after the spool was released")
         start = self.ends[first - 1] if first else 0
         return os.pread(self._r, self.ends[last] - start, start)
 
@@ -206,10 +212,10 @@ class Spool:
     def release(self) -> None:
         """Close the read side too (the batch is forgotten)."""
         self.close()
-        try:
-            os.close(self._r)
-        except OSError:
-            pass
+        r, self._r = self._r, None
+        if r is not None:
+            with contextlib.suppress(OSError):
+                os.close(r)
 
     # --- recovery ----------------------------------------------------------------------
     def _index(self, seq: int, rid: str, group: str, status: str, size: int) -> None:

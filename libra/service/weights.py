@@ -124,12 +124,11 @@ def sender_url(url: str, peer: str | None, *, exposed: bool) -> str:
     host (or on loopback, for a service that is itself loopback-only)."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    host = parts.hostname or ""
     try:
-        port = parts.port
-    except ValueError:  # out of range, or not a number
-        port = None
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # a malformed [IPv6] host, or a port out of range / not a number
+        parts, host, port = urlsplit(""), "", None
     if parts.scheme != "http" or not host or port is None:
         raise RequestError(400, f"sender {url!r} is not an http://HOST:PORT URL "
                                 "(libra.weights.remote.serve_sender gives one)")  # fmt: skip

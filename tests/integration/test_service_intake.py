@@ -61,3 +61,27 @@ async def test_bad_bodies_are_one_clear_400(n: int) -> None:
     req = await parse_submit(raw, BIG)
     base = SamplingConfig()
     assert req.tasks[-1] == {"x": deep} and submit_digest(req, base) == submit_digest(req, base)
+
+
+async def test_large_bodies_are_checked_a_bounded_number_at_a_time(monkeypatch) -> None:
+    """Each body past `INLINE_BYTES` started a child process, with no bound: 30 at once
+    took 2 GB. The app's semaphore lets `CHILDREN` run; the rest wait their turn."""
+    import asyncio
+
+    from libra.service import intake
+
+    running, most = 0, 0
+
+    async def child(raw: bytes, max_task_bytes: int) -> SubmitRequest:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return SubmitRequest(env="arith", tasks=[{"id": "a"}])
+
+    monkeypatch.setattr(intake, "_parse_in_child", child)
+    slots = asyncio.Semaphore(intake.CHILDREN)
+    big = b" " * (INLINE_BYTES + 1)
+    got = await asyncio.gather(*(parse_submit(big, 1 << 20, slots) for _ in range(8)))
+    assert len(got) == 8 and most == intake.CHILDREN == 2

@@ -74,3 +74,87 @@ async def test_many_finished_batches_are_unloaded_and_reloaded_on_demand(
         finally:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
+
+
+async def test_streams_of_unloaded_batches_read_their_own_records_and_end(
+    tmp_path: Path, tiny_model: Path, spawn_fake
+) -> None:
+    """A stream counted itself as a reader only after its first await, and another
+    request's eviction released the spool under it: streams got another batch's records
+    (a file that took the closed descriptor's number), cut lines, or hung without end.
+    Many finished batches, many concurrent streams of them, over HTTP."""
+    import random
+
+    import aiohttp
+    import orjson
+
+    from tests.integration.service_util import Service
+
+    url, _ = spawn_fake()
+    svc = Service(tmp_path, tiny_model, [url])
+    base = svc.start()
+    n = 3 * KEEP_LOADED
+    try:
+        async with aiohttp.ClientSession() as http:
+            for i in range(n):
+                body = {"env": "arith", "tasks": make_tasks(1, seed=i), "batch_id": f"b{i}"}
+                async with http.post(f"{base}/v1/rollouts", json=body) as r:
+                    assert r.status == 201, await r.text()
+            for i in range(n):  # every one finished (its stream ends)
+                async with http.get(f"{base}/v1/rollouts/b{i}/trajectories") as r:
+                    await r.read()
+
+            async def stream(batch_id: str) -> list[dict]:
+                url = f"{base}/v1/rollouts/{batch_id}/trajectories"
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=30)) as r:
+                    assert r.status == 200
+                    return [orjson.loads(line) for line in (await r.read()).splitlines()]
+
+            rng = random.Random(0)
+            for _ in range(3):
+                ids = [f"b{rng.randrange(n)}" for _ in range(120)]
+                got = await asyncio.gather(*(stream(b) for b in ids))
+                for batch_id, recs in zip(ids, got, strict=True):
+                    assert [r["batch_id"] for r in recs] == [batch_id]
+        assert "Bad file descriptor" not in svc.log()
+    finally:
+        svc.close()
+
+
+async def test_a_submit_out_of_file_descriptors_is_a_503_and_leaves_no_batch(
+    tmp_path: Path, tiny_model: Path, fake_vllm, monkeypatch
+) -> None:
+    """With every descriptor taken, a submit was told 507 "free space there" (the disk
+    was not full), its write side stayed open, and its folder stayed: at the restart the
+    service ran the batch the client had been told was refused."""
+    import errno
+
+    import pytest
+
+    from libra.service import spool
+    from libra.service.errors import RequestError
+
+    cfg = ServiceConfig(spool={"dir": str(tmp_path / "spool")}, envs=[EnvEntry(spec="arith")])
+    buckets = [Bucket("tp1", 1, 4096)]
+    async with EndpointPool([(buckets[0], [fake_vllm.url])], EndpointConfig()) as pool:
+        manager = BatchManager(
+            config=cfg, pool=pool, tokenizer=ChatTokenizer(tiny_model), max_context=4096,
+            envs=EnvHost(cfg.envs, buckets, "static", {}),
+        )  # fmt: skip
+        manager.recover()
+        real_open, before = os.open, open_fds()
+
+        def no_more(path, flags, *a):  # type: ignore[no-untyped-def]
+            if flags == os.O_RDONLY:  # the spool's read side, after its write side
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_open(path, flags, *a)
+
+        monkeypatch.setattr(spool.os, "open", no_more)
+        req = SubmitRequest(env="arith", tasks=make_tasks(1, seed=0), batch_id="x")
+        with pytest.raises(RequestError) as err:
+            await manager.submit(req)
+        assert err.value.status == 503 and "no file descriptor is left" in str(err.value)
+        assert not (tmp_path / "spool" / "x").exists() and open_fds() == before
+        monkeypatch.setattr(spool.os, "open", real_open)
+        batch, created = await manager.submit(req)  # once there are descriptors again
+        assert created and batch.total == 1

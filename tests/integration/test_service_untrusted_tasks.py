@@ -67,7 +67,8 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
     every episode failed after a restart), a seed past 64 bits (episodes failed), a task
     id of a million characters (a 300-episode batch made an 860 MB spool), an env name
     echoed whole (a 1 MB error), a checkpoint path or sender port the OS or the URL
-    parser refuses (500s). And a resubmit is compared on the sampling the batch runs."""
+    parser refuses (500s), a batch id ending in a newline (a second batch beside `abc`,
+    its folder named so). And a resubmit is compared on the sampling the batch runs."""
     url, _ = spawn_fake()
     svc = Service(tmp_path, tiny_model, [url], "--max-tokens", "16")
     base = svc.start()
@@ -80,6 +81,7 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
             ({"step": 2**63}, "step"),
             ({"tasks": [{**task, "id": "I" * 1_000_000}]}, "an id of 1,000,000 characters"),
             ({"env": "x" * 1_000_000}, "unknown env 'xxx"),
+            ({"batch_id": "abc\n"}, "batch_id: Value error, must be 1-128 characters"),
         ):
             status, doc = await post(base, {"env": "arith", "tasks": [task], **change})
             assert status == 400 and says in doc["error"], (change, doc)
@@ -88,6 +90,7 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
             for body, says in (
                 ({"version": 1, "path": "/" + "a" * 60_000}, "cannot be read"),
                 ({"version": 1, "sender": "http://127.0.0.1:99999"}, "not an http://HOST:PORT"),
+                ({"version": 1, "sender": "http://[::1"}, "not an http://HOST:PORT"),
                 ({"version": 2**63, "path": "/ckpt"}, "version"),
             ):
                 async with s.post(base + "/v1/weights", json=body) as r:
