@@ -8,8 +8,10 @@ built-ins below and from the entry-point groups `libra.envs`, `libra.tools`,
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -129,7 +131,12 @@ def load_object(spec: str, what: str = "object") -> Any:
 
 def _import_file(path: Path) -> Any:
     resolved = path.resolve()
-    name = "libra_user_" + "_".join(resolved.with_suffix("").parts[-3:]).replace("-", "_")
+    # Named by the whole path: by its last three parts, `/a/p/q/envs.py` and
+    # `/b/p/q/envs.py` (or `my-envs.py` and `my_envs.py`) were one module, and the
+    # second file silently ran as the first.
+    digest = hashlib.sha1(str(resolved).encode(errors="surrogateescape")).hexdigest()[:12]
+    stem = re.sub(r"\W", "_", resolved.stem)
+    name = f"libra_user_{stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, resolved)

@@ -20,8 +20,10 @@ can be killed (a sandbox, a subprocess).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -73,8 +75,13 @@ class Tool:
         description: str | None = None,
         timeout: float = DEFAULT_TOOL_TIMEOUT_S,
     ):
-        if timeout <= 0:
-            raise ValueError(f"tool timeout must be > 0 s, got {timeout}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not (0 < timeout < math.inf)
+        ):  # NaN passed `<= 0` and made every call an instant `timeout`
+            raise ValueError(f"tool timeout must be a finite number of seconds > 0, got "
+                             f"{timeout!r}")  # fmt: skip
         self.fn = fn
         self.name = name or fn.__name__
         self.timeout = timeout
@@ -99,6 +106,11 @@ class Tool:
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(f"tool {self.name!r}: *args/**kwargs are not allowed")
+            if pname.startswith("_") or pname == "model_config":
+                # pydantic keeps these names for itself: `model_config` left the schema
+                # (the tool could never be called), `_x` was a PydanticUserError
+                raise TypeError(f"tool {self.name!r}: a parameter cannot be named "
+                                f"{pname!r} (a name pydantic reserves); rename it")  # fmt: skip
             from pydantic import Field
 
             default = ... if param.default is inspect.Parameter.empty else param.default
@@ -151,7 +163,9 @@ class Tool:
         except Exception as e:
             return ToolResult(f"Error: {usercode.describe(e)}", "error")
         try:
-            return as_result(out)
+            if isinstance(out, str | ToolResult) or out is None:
+                return as_result(out)
+            return await asyncio.to_thread(as_result, out)  # JSON as big as the value
         except ToolError as e:  # the tool's mistake, told to the model like any error
             return ToolResult(f"Error: {self.name} {e}", "error")
 

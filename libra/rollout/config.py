@@ -65,7 +65,7 @@ class RolloutConfig(Config):
     workers`); this process admits episodes and writes the records."""
     out: str = "runs/rollout.jsonl"
     """Where records go, one per line, appended as each episode finishes."""
-    batch_id: str | None = None
+    batch_id: str | None = Field(None, min_length=1)
     """Batch id stamped on records. Default: a fresh random id."""
     step: int = Field(0, ge=0)
     """Policy version (training step) stamped on records."""

@@ -511,10 +511,12 @@ class EpisodeRunner:
             sum(len(m["content"]) for m in tool_msgs),
             lambda tok: encode_returns(tok, tool_msgs, schemas or None, closed),
         )
-        for o, payload in zip(outcomes, payloads, strict=True):
+        infos: list[Any] = [o.result.info for o in outcomes]
+        if any(infos):  # as JSON-safe data, in a thread: an info dict can be any size
+            infos = await asyncio.to_thread(lambda: [plain(i) for i in infos])
+        for o, payload, info in zip(outcomes, payloads, infos, strict=True):
             st.tool_s += o.latency_s
             turn.calls += ((o.call.name, o.call.arguments),)
-            info = plain(o.result.info)
             turn.returns += ((o.call.name, o.result.status, payload, o.latency_s, info),)
             st.tool_states += (ToolState(o.call.name, o.result.status, payload),)
         st.messages.extend(tool_msgs)

@@ -43,7 +43,11 @@ async def score(
         out = await usercode.call(
             functools.partial(env.reward, *args), limit_s=limit_s, what="env.reward"
         )
-        rec.reward, rec.reward_info = as_reward(out)
+        # Info beside the reward goes to JSON in a thread: it can be any size.
+        simple = not isinstance(out, tuple | dict)
+        rec.reward, rec.reward_info = (
+            as_reward(out) if simple else await asyncio.to_thread(as_reward, out)
+        )
     except TimeoutError:
         rec.status, rec.error = "error", f"reward exceeded {limit_s:g} s"
     except BadReward as e:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import uuid
@@ -108,6 +109,14 @@ def check_env(env: Env, spec: str) -> Env:
         or not all(isinstance(x, str) and x for x in stop)
     ):
         raise bad(f'stop is {stop!r}; give a tuple of strings, e.g. ("</answer>",)')
+    fields = getattr(env, "task_fields", None)
+    if fields is not None and (
+        not isinstance(fields, tuple | list)
+        or len(fields) != 2
+        or not all(isinstance(f, str) and f for f in fields)
+    ):
+        raise bad(f'task_fields is {fields!r}; give (question, answer) field names, e.g. '
+                  '("question", "answer"), or None')  # fmt: skip
     return env
 
 
@@ -165,7 +174,11 @@ async def rollout(
     on_record: Callable[[Trajectory], None] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run one batch as configured; return the summary (also what `--json` prints)."""
+    """Run one batch as configured; return the summary (also what `--json` prints).
+    `on_record` is a plain function, called with each record as it is written."""
+    if on_record is not None and inspect.iscoroutinefunction(on_record):
+        raise ConfigError("on_record is an async function, which would never run; pass a "
+                          "plain function (start a task from it if it must await)")  # fmt: skip
     serving = resolve_serving(config.model, config.limits.max_context, config.buckets)
     env = load_env(config.env, config.env_options)
     if tasks is None:

@@ -459,3 +459,27 @@ async def test_odd_tool_returns_are_cleaned_not_the_episode_s_end(
     assert "5?" in shown(recs["surrogate"], tok)
     info = recs["bad-repr-info"].turns[0].tool_returns[0].info or {}
     assert info == {"n": 1, "obj": "<a BadRepr whose repr() raised RuntimeError>"}, info
+
+
+async def test_info_dicts_go_to_json_off_the_event_loop(
+    tmp_path: Path, tiny_model: Path, fake_vllm, monkeypatch
+) -> None:
+    """A tool's and a reward's info dicts were made JSON-safe on the event loop: 200 MB
+    of info stalled every episode for seconds. They are now made so in a thread."""
+    from libra.rollout import episode, reward
+
+    threads: list[str] = []
+    real = reward.plain
+
+    def watched(info: Any) -> Any:
+        if info:  # None or {} costs nothing
+            threads.append(threading.current_thread().name)
+        return real(info)
+
+    monkeypatch.setattr(reward, "plain", watched)
+    monkeypatch.setattr(episode, "plain", watched)
+    recs = await run_modes(tmp_path, tiny_model, fake_vllm.url, ["huge-info", "bad-repr-info"])
+    assert recs["huge-info"].reward_info["n"] == 2  # type: ignore[index]
+    assert (recs["bad-repr-info"].turns[0].tool_returns[0].info or {})["n"] == 1
+    loop_thread = threading.main_thread().name
+    assert threads and loop_thread not in threads, threads

@@ -121,3 +121,24 @@ def test_ids_are_unique_after_verl_rows_are_mapped() -> None:
     mapped = adapt_tasks(rows, ("question", "answer"), env="arith", source="t.jsonl")
     with pytest.raises(ConfigError, match="t.jsonl: task 2 repeats the id 'arith-1'"):
         unique_ids(mapped, "t.jsonl")
+
+
+def test_task_fields_and_on_record_of_the_wrong_kind_are_named() -> None:
+    """`task_fields = "question"` (a str) was a ValueError traceback at the first TRL
+    row; an async `on_record` was never awaited (a RuntimeWarning, no record seen)."""
+    from libra.rollout.config import RolloutConfig
+    from libra.rollout.run import check_env, rollout
+
+    class Fields(Plain):
+        task_fields = "question"  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match="task_fields is 'question'; give"):
+        check_env(Fields(), "fields")
+
+    async def seen(rec: Any) -> None:
+        pass
+
+    with pytest.raises(ConfigError, match="on_record is an async function"):
+        asyncio.run(rollout(RolloutConfig(env="arith"), on_record=seen))
+    with pytest.raises(ValueError, match="batch_id"):
+        RolloutConfig(env="arith", batch_id="")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 import libra
 from libra.errors import ToolError
 
@@ -90,3 +92,41 @@ async def test_context_injection() -> None:
 
 def test_direct_call_still_works() -> None:
     assert asyncio.run(add(1, 2)) == "3"
+
+
+def test_a_timeout_that_is_not_a_finite_positive_number_is_refused() -> None:
+    """`timeout=float("nan")` passed the `<= 0` check, and every call of the tool was an
+    instant `timeout`."""
+
+    def f(x: int) -> str:
+        """F."""
+        return str(x)
+
+    for bad in (float("nan"), float("inf"), 0, -1, "5", True):
+        with pytest.raises(ValueError, match="finite number of seconds > 0"):
+            libra.tool(timeout=bad)(f)  # type: ignore[arg-type]
+    assert libra.tool(timeout=2)(f).timeout == 2
+
+
+def test_a_parameter_name_pydantic_keeps_is_refused_by_name() -> None:
+    """A parameter named `model_config` dropped out of the schema: the tool could never
+    be called; `_x` was a PydanticUserError from deep in pydantic."""
+
+    def a(model_config: str) -> str:
+        """A."""
+        return model_config
+
+    def b(_x: str) -> str:
+        """B."""
+        return _x
+
+    def c(schema: str, json: int) -> str:  # names pydantic only warns about: they work
+        """C."""
+        return schema * json
+
+    for fn, name in ((a, "model_config"), (b, "_x")):
+        with pytest.raises(TypeError, match=f"cannot be named '{name}'"):
+            libra.tool(fn)
+    tool_c = libra.tool(c)
+    assert set(tool_c.schema["function"]["parameters"]["properties"]) == {"schema", "json"}
+    assert asyncio.run(tool_c.invoke({"schema": "ab", "json": 2})).content == "abab"
