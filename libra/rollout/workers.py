@@ -197,9 +197,9 @@ class WorkerPool:
         self.lost_total = 0
         self._keys = itertools.count()
         self._batches: dict[str, BatchInfo] = {}
-        self._ready = asyncio.Event()
         self._freed = asyncio.Event()
-        """Set when a call ends or a worker is ready: a call kept apart may now fit."""
+        """Set when a call ends or a worker is ready: an episode waiting for a worker (none
+        ready, or every one holding an episode it is kept apart from) may now have one."""
         self._dir = ""
         self._server: asyncio.AbstractServer | None = None
         self._conns: dict[int, asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
@@ -346,7 +346,6 @@ class WorkerPool:
             raise
         w.ready = True
         self.workers[slot] = w
-        self._ready.set()
         self._freed.set()
         return w, reader
 
@@ -399,8 +398,6 @@ class WorkerPool:
         self._told.discard(w)
         if self.workers[w.slot] is w:
             self.workers[w.slot] = None
-        if not any(x is not None and x.ready for x in self.workers):
-            self._ready.clear()
         calls, w.calls = w.calls, {}
         for call in calls.values():
             if not call.future.done():
