@@ -114,6 +114,11 @@ class ServiceConfig(Config):
     that no single parse holds the event loop up (docs/service.md)."""
     max_episodes_per_batch: int = Field(100_000, ge=1)
     """Largest batch (tasks x group_size) one submit may ask for."""
+    max_open_batches: int | None = Field(None, ge=1)
+    """Most unfinished batches at once (each holds two file descriptors, its spool's
+    write and read sides): a submit past it is answered 429 (the client retries it).
+    Default: a quarter of the open-file limit (256 under the usual 1,024; half goes to
+    connections). Past the limit, submits failed with `Too many open files`."""
     max_queued_episodes: int = Field(1_000_000, ge=1)
     """Most episodes waiting for a slot, across all batches: a submit that would queue
     more is answered 429 (the client retries it), so clients that submit faster than the

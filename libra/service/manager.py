@@ -22,6 +22,7 @@ import contextlib
 import errno
 import functools
 import logging
+import resource
 import time
 import uuid
 from collections.abc import Callable
@@ -282,6 +283,13 @@ class BatchManager:
         doc = orjson.loads((folder / "batch.json").read_bytes())
         return doc, _read_state(folder).get("state", "done"), (specs_for(doc), self._spool(doc))
 
+    def max_open_batches(self) -> int:
+        """`max_open_batches`, or a quarter of the open-file limit (at least 16)."""
+        if self.config.max_open_batches is not None:
+            return self.config.max_open_batches
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(16, soft // 4)
+
     def known(self, batch_id: str) -> bool:
         return batch_id in self.batches or batch_id in self._terminal
 
@@ -307,6 +315,13 @@ class BatchManager:
                 raise RequestError(
                     400, f"{len(req.tasks)} tasks x group_size {req.group_size} = {n} episodes; "
                     f"this service takes at most {self.config.max_episodes_per_batch} per batch",
+                )  # fmt: skip
+            open_now = sum(not b.spool.closed for b in self.batches.values())
+            if open_now >= (most := self.max_open_batches()):
+                raise RequestError(
+                    429, f"{open_now} batches are unfinished, this service's "
+                    f"max_open_batches ({most}); submit it again once one has finished "
+                    "(libra.client retries a 429 itself) or cancel a batch",
                 )  # fmt: skip
             waiting, cap = self.fair.pending(), self.config.max_queued_episodes
             if waiting and waiting + n > cap:

@@ -158,3 +158,42 @@ async def test_a_submit_out_of_file_descriptors_is_a_503_and_leaves_no_batch(
         monkeypatch.setattr(spool.os, "open", real_open)
         batch, created = await manager.submit(req)  # once there are descriptors again
         assert created and batch.total == 1
+
+
+async def test_unfinished_batches_past_max_open_batches_are_a_429(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    """Each unfinished batch holds two descriptors and nothing bounded them: 500 small
+    batches took every descriptor, and submits failed with `Too many open files`."""
+    import pytest
+
+    from libra.service.errors import RequestError
+
+    cfg = ServiceConfig(spool={"dir": str(tmp_path / "spool")}, envs=[EnvEntry(spec="arith")],
+                        max_open_batches=2)  # fmt: skip
+    buckets = [Bucket("tp1", 1, 4096)]
+    async with EndpointPool([(buckets[0], [fake_vllm.url])], EndpointConfig()) as pool:
+        manager = BatchManager(
+            config=cfg, pool=pool, tokenizer=ChatTokenizer(tiny_model), max_context=4096,
+            envs=EnvHost(cfg.envs, buckets, "static", {}),
+        )  # fmt: skip
+        manager.recover()
+
+        def req(i: int) -> SubmitRequest:
+            return SubmitRequest(env="arith", tasks=make_tasks(1, seed=i), batch_id=f"o{i}")
+
+        first = [(await manager.submit(req(i)))[0] for i in range(2)]  # queued: none runs yet
+        with pytest.raises(RequestError) as err:
+            await manager.submit(req(2))
+        assert err.value.status == 429 and "max_open_batches (2)" in str(err.value)
+        assert not (tmp_path / "spool" / "o2").exists()
+        work = asyncio.create_task(manager.run())
+        try:
+            for batch in first:
+                while not batch.spool.closed:
+                    await asyncio.sleep(0.01)
+            batch, created = await manager.submit(req(2))  # once they have finished
+            assert created
+        finally:
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
