@@ -23,9 +23,15 @@ def output_file(path: str | Path, flag: str) -> Path:
     tracebacks, some after the work was done)."""
     if not str(path).strip():
         raise ConfigError(f"{flag} names no file; give a file path")
-    p = Path(path)
+    # A link is followed (its target is written, as `open` would), and only a regular
+    # file is replaced: the file is written beside and renamed over (`replaced`), which
+    # turned a link into a file and, as root, a device such as /dev/null into one.
+    p = Path(os.path.realpath(path))
     if p.is_dir():
-        raise ConfigError(f"{flag} {str(p)!r} is a folder; give a file path in it")
+        raise ConfigError(f"{flag} {str(path)!r} is a folder; give a file path in it")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"{flag} {str(path)!r} is not a regular file (a device or a pipe); "
+                          "give a file path")  # fmt: skip
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -20,7 +20,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     )
     p.add_argument("dir", metavar="DIR", help="folder to create (must be new or empty)")
     p.add_argument("--seed", type=seed, default=0, help="weight seed (default 0)")
-    p.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace DIR if it holds a model (another folder is never replaced)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--smollm2",

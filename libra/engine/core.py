@@ -196,7 +196,15 @@ class EngineCore:
             self._waiting.popleft()
             if self._before_swap:
                 self._before_swap -= 1
-            self._prefill(req)
+            try:
+                self._prefill(req)
+            except BaseException as e:
+                # out of both lists now, `_fail_all` would not answer it: its client
+                # waited for ever (a prefill that ran out of memory)
+                self._running = [s for s in self._running if s.req is not req]  # answered once
+                if not req.aborted:
+                    req.on_done(e)
+                raise
 
     def _prefill(self, req: Request) -> None:
         req.choices = [None] * len(req.params)

@@ -102,7 +102,9 @@ def make_model(
     An existing non-empty folder is an error unless `force` (replace it) or `exist_ok`
     with a complete model there (keep it). The folder appears atomically.
     """
-    path = Path(path).expanduser().absolute()
+    # resolved: `a/b/..` is `a`, so the temporary folder made beside it is not inside
+    # the folder `force` replaces (`sb/a/b/.. --force` emptied sb/a and made nothing)
+    path = Path(path).expanduser().resolve()
     sizes = sizes or TinyQwen2()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         if exist_ok and _complete(path):
@@ -111,8 +113,13 @@ def make_model(
             raise ConfigError(
                 f"{path} exists and is not empty; pass --force to replace it or pick a new folder"
             )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        check_replaceable(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as e:
+        raise ConfigError(f"{path}: its folder cannot be made or written ({e.strerror or e}); "
+                          "give a path this user can write") from None  # fmt: skip
     try:
         _write(tmp, seed, sizes)
         if force and path.exists():
@@ -128,6 +135,19 @@ def make_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def check_replaceable(path: Path) -> None:
+    """A `ConfigError` unless `--force` may replace the existing `path` (resolved): a
+    file, or a model folder (it has a `config.json`), never the working folder or one
+    above it (a home, `/`: `--force` replaced whatever it named)."""
+    here = Path.cwd().resolve()
+    if path == here or path in here.parents:
+        raise ConfigError(f"{path} is the working folder or holds it; pick a new folder")
+    if path.is_dir() and not (path / "config.json").is_file():
+        names = ", ".join(sorted(p.name for p in path.iterdir())[:4])
+        raise ConfigError(f"{path} is not a model folder ({names}); --force replaces only "
+                          "a model folder: pick a new folder")  # fmt: skip
 
 
 def _complete(path: Path) -> bool:

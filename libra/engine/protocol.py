@@ -45,6 +45,10 @@ class Limits:
     model_name: str
     context: int
     vocab_size: int
+    max_n: int = 64
+    """Most choices (`n`) one request may ask for: the engine's `max_num_seqs`, the most
+    sequences it decodes at once (n = 1,000,000 was admitted and allocated its KV cache
+    whole, past `--kv-cache-gib`)."""
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -139,6 +143,9 @@ def sampling(
     n = _get(body, "n", int, 1)
     if n < 1:
         raise bad(f"n must be at least 1, got {n}.", "n")
+    if n > limits.max_n:
+        raise bad(f"n must be at most {limits.max_n} (this engine's max_num_seqs), got {n}.",
+                  "n")  # fmt: skip
     if n > 1 and temperature == 0:
         raise bad(f"n must be 1 when using greedy sampling, got {n}.", "n")
     stop = _get(body, "stop", (str, list), [])

@@ -54,7 +54,7 @@ class EmbeddedEngine:
         self.tokenizer = self.chat.tokenizer
         self.name = served_model_name or str(model_dir)
         self.limits = protocol.Limits(
-            self.name, self.cfg.max_position_embeddings, self.cfg.vocab_size
+            self.name, self.cfg.max_position_embeddings, self.cfg.vocab_size, max_num_seqs
         )
         decoder = Decoder(self.cfg, load_weights(self.model_dir, self.cfg))
         self.core = EngineCore(

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from libra.engine.model_maker import check_replaceable
 from libra.errors import ConfigError, ModelError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -56,11 +57,17 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, force: bool = Fa
     src = Path(gguf_file)
     if not src.is_file():
         raise ConfigError(f"{src}: no such GGUF file")
-    out = Path(out_dir).expanduser().absolute()
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ConfigError(f"{out} exists and is not empty; pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    out = Path(out_dir).expanduser().resolve()  # `a/b/..` is `a` (see make_model)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not force:
+            raise ConfigError(f"{out} exists and is not empty; pass --force to replace it")
+        check_replaceable(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise ConfigError(f"{out}: its folder cannot be made or written ({e.strerror or e}); "
+                          "give a path this user can write") from None  # fmt: skip
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         model = AutoModelForCausalLM.from_pretrained(
@@ -80,8 +87,10 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, force: bool = Fa
             (tmp / "chat_template.jinja").write_text(tok.chat_template)
         eos = tok.eos_token_id
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}) + "\n")
-        if out.exists():
+        if out.is_dir():
             shutil.rmtree(out)
+        elif out.exists():
+            out.unlink()
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ units vendors print (GiB, TB/s, TFLOP/s, GB/s) and are converted once, here.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,16 @@ class Efficiency:
     (sampling over the vocabulary, per-sequence bookkeeping and detokenisation). 0 in
     the datasheet profiles; `libra profile` measures it (docs/cost-model.md)."""
 
+    def __post_init__(self) -> None:
+        # A NaN fraction hung `libra plan`; a negative overhead printed negative times.
+        for name in ("hbm", "comm", "train_mfu", "prefill_mfu"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"efficiency {name} must be a finite number > 0")
+        for name in ("allreduce_latency_s", "p2p_latency_s", "step_overhead_s",
+                     "seq_overhead_s"):  # fmt: skip
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"efficiency {name} must be a finite number >= 0")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareProfile:
@@ -72,10 +83,15 @@ class HardwareProfile:
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "hbm_bandwidth", "flops", "inter_node_bandwidth"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"hardware {self.id!r}: {name} must be > 0")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"hardware {self.id!r}: {name} must be a finite number > 0")
         if self.devices_per_node < 1:
             raise ConfigError(f"hardware {self.id!r}: devices_per_node must be >= 1")
+        if not 0 <= self.intra_node_bandwidth < math.inf or (
+            self.devices_per_node > 1 and self.intra_node_bandwidth == 0
+        ):
+            raise ConfigError(f"hardware {self.id!r}: intra_node_bandwidth must be a finite "
+                              "number, > 0 with more than one device a node")  # fmt: skip
         if self.intra_node_topology not in ("switch", "mesh"):
             raise ConfigError(
                 f"hardware {self.id!r}: intra_node_topology must be 'switch' or 'mesh'"

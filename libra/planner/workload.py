@@ -17,6 +17,7 @@ For each episode it derives what the cost model consumes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ class WorkloadStats:
         rows = [_episode(r) for r in records]
         if not rows:
             raise ConfigError("the workload has no episodes; pass a non-empty trace")
+        if not any(row[5] > 0 for row in rows):  # a ZeroDivisionError in the training model
+            raise ConfigError("the workload's episodes hold no tokens; pass a trace of them")
         cols = list(zip(*rows, strict=True))
         return cls(*(np.asarray(c, dtype=np.float64) for c in cols))
 
@@ -135,6 +138,11 @@ def _episode(r: Any) -> tuple[float, ...]:
             gen += g
             tool += u
             tool_s += sum(float(x.latency_s) for x in (t.tool_returns or []))
+    if not all(0 <= x < math.inf for x in (prompt, gen, tool, tool_s)) or any(
+        float(t.model_tokens) < 0 or float(t.tool_tokens) < 0 for t in turns
+    ):  # they printed a throughput of -54 token/s and a context range from -89,229
+        raise ConfigError(f"record {getattr(r, 'id', '')!r}: token counts and tool "
+                          "latencies must be finite and >= 0")  # fmt: skip
     return (prompt, gen, tool, float(turns_n), tool_s, ctx, kv, pre_tok, pre_pairs)
 
 

@@ -100,6 +100,12 @@ class Episode:
         total = int(d.get("total_tokens") or 0) or prompt + sum(
             t.model_tokens + t.tool_tokens for t in turns
         )
+        counts = [prompt, total, *(x for t in turns for x in (t.model_tokens, t.tool_tokens))]
+        counts += [x.payload_tokens for t in turns for x in t.tool_returns]
+        if min(counts) < 0 or int(d.get("step", 0)) < 0:  # ran as -54 token/s
+            raise ValueError("token counts and the step must be >= 0")
+        if not all(0 <= x.latency_s < math.inf for t in turns for x in t.tool_returns):
+            raise ValueError("tool latencies must be finite and >= 0")
         record = SimRecord(
             str(d.get("id", "")), str(d["task_id"]), int(d.get("step", 0)),
             str(d.get("status", "ok")), prompt, total, turns,

@@ -246,3 +246,35 @@ def test_a_model_that_gives_nan_still_answers_in_json(parts):
     assert {v for top in c.top_logprobs or [] for _, v in top} == {LOGPROB_FLOOR}
     body = responses.completion("m", chat.tokenizer, [([1, 2, 3], [c])], return_ids=True)
     json.dumps(body, allow_nan=False)  # strict JSON: raises on NaN or an infinity
+
+
+def test_a_request_whose_prefill_fails_is_answered_with_the_error(parts) -> None:
+    """A prefill that raised (out of memory) left its request out of both lists, so the
+    engine's failure handling answered every other request but not it: its client waited
+    for ever. The next request is served as before."""
+    core = make_core(parts)
+    real = core.decoder.prefill
+    calls = [0]
+
+    def prefill(*a, **kw):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 1:
+            raise MemoryError("no room for the KV cache")
+        return real(*a, **kw)
+
+    core.decoder.prefill = prefill  # type: ignore[method-assign]
+    got: list[object] = []
+    done = threading.Semaphore(0)
+
+    def cb(out: object) -> None:
+        got.append(out)
+        done.release()
+
+    try:
+        core.submit(Request(id="a", prompt=[1, 2, 3], params=greedy(2), on_done=cb))
+        assert done.acquire(timeout=60), "never answered"
+        assert isinstance(got[0], MemoryError)
+        [[choice]] = run_all(core, [([1, 2, 3], greedy(2))])
+        assert len(choice.token_ids) == 2
+    finally:
+        core.stop()

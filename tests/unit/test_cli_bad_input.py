@@ -4,6 +4,8 @@ or a file emptied)."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,18 @@ def test_workload_writes_its_file_whole_or_not_at_all(
         one_line_error(capsys, ["workload", "search-r1", "--out", str(keep), "--param", param],
                        says)  # fmt: skip
     assert keep.read_text() == "important\n"
+    # a pipe (as root, a device such as /dev/null) was replaced by a regular file
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    one_line_error(capsys, ["workload", "search-r1", "--out", str(fifo)], "not a regular file")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    # a link is followed: its target is written, the link stays a link
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(keep)
+    small = ["--steps", "1", "--prompts", "1", "--group", "1"]
+    assert main(["workload", "search-r1", "--out", str(link), *small]) == 0
+    assert link.is_symlink() and keep.read_text().count("\n") == 1
+    assert keep.read_text() != "important\n"
 
 
 def test_a_dry_run_that_finds_what_stops_a_run_exits_2(
@@ -207,3 +221,51 @@ def test_the_dry_run_calls_an_async_prompt_as_a_run_does(
     assert main(["train", TRAIN, "--dry-run", "--set", env, "--set", "sft.steps=0"]) == 0, (
         capsys.readouterr().out
     )
+
+
+def test_a_hardware_profile_with_numbers_out_of_range_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`train_mfu = nan` hung `libra plan`; `step_overhead_ms = -1000` printed a rollout
+    of -2316 s; a zero efficiency or an intra-node bandwidth of 0 with 8 devices a node
+    was a ZeroDivisionError; `memory_gib = inf` a ValueError traceback."""
+    base = (ROOT / "libra/planner/data/hardware/a800-80g.toml").read_text().split("[sources]")[0]
+    for old, new, says in (
+        ("train_mfu = 0.50", "train_mfu = nan", "efficiency train_mfu must be a finite number > 0"),
+        ("step_overhead_ms = 1.8", "step_overhead_ms = -1000.0", "step_overhead_s must be"),
+        ("comm = 0.75", "comm = 0.0", "efficiency comm must be"),
+        ("intra_node_gbps = 200.0", "intra_node_gbps = 0.0", "intra_node_bandwidth must be"),
+        ("memory_gib = 80.0", "memory_gib = inf", "memory_bytes must be a finite number > 0"),
+        ("hbm_tbps = 2.039", "hbm_tbps = nan", "hbm_bandwidth must be a finite number > 0"),
+    ):  # fmt: skip
+        hw = tmp_path / "hw.toml"
+        assert old in base, old
+        hw.write_text(base.replace(old, new))
+        one_line_error(capsys, ["plan", "--gpus", "8", "--hardware", str(hw)], says)
+
+
+def test_a_trace_of_negative_or_no_tokens_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Records of -50,000 tokens ran: `simulate` printed -54 token/s and `plan` a context
+    range from -89,229; a trace of zero-token episodes was a ZeroDivisionError."""
+    import orjson
+
+    def trace(name: str, total: int, model: int) -> str:
+        rec = {"id": "e", "batch_id": "b", "group_id": "g", "env": "x", "task_id": "t",
+               "step": 0, "prompt_tokens": 10, "total_tokens": total,
+               "turns": [{"start": 0, "model_tokens": model, "tool_tokens": 0, "bucket": "tp1",
+                          "endpoint": "u", "policy_version": 0}]}  # fmt: skip
+        f = tmp_path / name
+        f.write_bytes(orjson.dumps(rec) + b"\n")
+        return str(f)
+
+    neg = trace("neg.jsonl", -50_000, -100_000)
+    one_line_error(capsys, ["plan", "--gpus", "8", "--workload", neg], "must be finite and >= 0")
+    one_line_error(capsys, ["simulate", "--workload", neg, "--gpus", "8", "--steps", "1",
+                            "--systems", "libra", "--jobs", "1"], "must be >= 0")  # fmt: skip
+    none = tmp_path / "none.jsonl"
+    none.write_bytes(orjson.dumps({"id": "e", "batch_id": "b", "group_id": "g", "env": "x",
+                                   "task_id": "t", "prompt_tokens": 0, "total_tokens": 0,
+                                   "turns": []}) + b"\n")  # fmt: skip
+    one_line_error(capsys, ["plan", "--gpus", "8", "--workload", str(none)], "hold no tokens")

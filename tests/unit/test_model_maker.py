@@ -198,15 +198,27 @@ def test_libra_chat_renders_like_transformers(model_dir, hf_tokenizer):
     ]
 
 
-def test_existing_folder_needs_force(tmp_path):
+def test_existing_folder_needs_force_and_only_a_model_is_replaced(tmp_path):
+    """`--force` replaced whatever the path named, and `sb/a/b/.. --force` (the path not
+    resolved: the temporary folder inside the one it replaced) emptied `sb/a` and wrote
+    no model. Now only a model folder is replaced, and the path is resolved first."""
     target = tmp_path / "m"
-    target.mkdir()
-    (target / "keep.txt").write_text("x")
+    make_model(target)
+    (target / "extra.txt").write_text("x")
     with pytest.raises(ConfigError, match="--force"):
         make_model(target)
     make_model(target, force=True)
-    assert not (target / "keep.txt").exists()
+    assert not (target / "extra.txt").exists()
     assert all((target / f).is_file() for f in FILES)
+    notes = tmp_path / "notes"
+    (notes / "b").mkdir(parents=True)
+    (notes / "keep.txt").write_text("mine")
+    for path in (notes, notes / "b" / ".."):
+        with pytest.raises(ConfigError, match="is not a model folder"):
+            make_model(path, force=True)
+    assert (notes / "keep.txt").read_text() == "mine" and (notes / "b").is_dir()
+    with pytest.raises(ConfigError, match="cannot be made or written"):
+        make_model(notes / "keep.txt" / "sub")
 
 
 def test_cli_make_model_and_bad_input(tmp_path):
