@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -78,6 +79,11 @@ class AsyncClient:
         backoff_max_s: float = 5.0,
     ):
         self.url = url.rstrip("/")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            # a URL without its scheme was retried until `reconnect_s` (5 minutes)
+            raise ValueError(f"service URL {url!r}: expected http://HOST:PORT "
+                             "(e.g. http://127.0.0.1:8000)")  # fmt: skip
         token = token or os.environ.get("LIBRA_TOKEN")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout_s = timeout_s
@@ -163,9 +169,10 @@ class AsyncClient:
             return await self.update_weights(version, sender=url)
 
     async def healthy(self) -> bool:
+        """Whether the service answers `/healthz` now (one try; no service is False)."""
         try:
             await self._call("GET", "/healthz", retry=False)
-        except ServiceError:
+        except (ServiceError, aiohttp.ClientError, OSError, TimeoutError):
             return False
         return True
 
@@ -298,8 +305,8 @@ class Client:
     Same methods as `AsyncClient`; the streams are ordinary iterators."""
 
     def __init__(self, url: str, **kwargs: Any):
+        self._c = AsyncClient(url, **kwargs)  # a bad URL raises before a loop is made
         self._runner = asyncio.Runner()
-        self._c = AsyncClient(url, **kwargs)
 
     def __enter__(self) -> Client:
         return self

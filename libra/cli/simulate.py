@@ -10,6 +10,9 @@ from typing import Any
 from libra.cli.common import add_json_flag, count, print_json, progress, routing_options, seed
 from libra.errors import ConfigError
 
+MAX_GPUS = 4096
+"""The largest cluster `libra simulate` takes (a typo of a few more digits ran for ever)."""
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -106,8 +109,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gpus < 2:
         raise ConfigError(f"--gpus must be >= 2: one to train, one to roll out (got {args.gpus})")
-    if args.plot is not None and args.plot.exists() and not args.plot.is_dir():
-        raise ConfigError(f"--plot {str(args.plot)!r} is a file; pass a directory")
+    if args.gpus > MAX_GPUS:
+        raise ConfigError(f"--gpus {args.gpus}: the simulator runs clusters of at most "
+                          f"{MAX_GPUS} GPUs (its layout searches grow with the count: 1,024 "
+                          "take about a minute); `libra plan` plans any size")  # fmt: skip
+    if args.plot is not None:
+        if args.plot.exists() and not args.plot.is_dir():
+            raise ConfigError(f"--plot {str(args.plot)!r} is a file; pass a directory")
+        try:  # now, not after the simulation
+            args.plot.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--plot {str(args.plot)!r} cannot be made ({e.strerror or e}); "
+                              "pass a directory this user can write") from None  # fmt: skip
     fields = ("workload", "gpus", "hardware", "model", "steps", "seed", "prompts", "group",
               "staleness", "pipeline", "dispatch")  # fmt: skip
     values = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}

@@ -51,7 +51,19 @@ class ModelConfig:
         path = folder / "config.json"
         if not path.is_file():
             raise ModelError(f"{folder} has no config.json; is this a model folder?")
-        c = json.loads(path.read_text())
+        try:
+            c = json.loads(path.read_text())
+        except (ValueError, OSError) as e:  # not JSON, not UTF-8, unreadable
+            raise ModelError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(c, dict):
+            raise ModelError(f"{path}: not a JSON object")
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "max_position_embeddings"):  # fmt: skip
+            value = c.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                # a KeyError or a ZeroDivisionError traceback, or (0 layers) an engine
+                # that served a model without its layers
+                raise ModelError(f"{path}: {key} is {value!r}; expected a whole number >= 1")
         arch = (c.get("architectures") or ["?"])[0]
         if arch not in ARCHITECTURES:
             raise ModelError(

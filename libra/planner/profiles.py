@@ -228,40 +228,54 @@ class ModelProfile:
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], *, id: str, name: str = "") -> ModelProfile:
         """Read the fields of a Hugging Face `config.json` (Llama/Qwen/Mistral-style)."""
-        cfg = dict(config.get("text_config") or config)
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"model {id!r}: config.json is not a JSON object")
+        cfg = config.get("text_config") or config
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"model {id!r}: config.json's text_config is not an object")
         if "kv_lora_rank" in cfg:
             raise ConfigError(
                 f"model {id!r}: multi-head latent attention (kv_lora_rank) is not modelled; "
                 "use a GQA model or add a profile"
             )
-        try:
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            layers = int(cfg["num_hidden_layers"])
-            vocab = int(cfg["vocab_size"])
-        except KeyError as e:
-            raise ConfigError(f"model {id!r}: config.json lacks {e.args[0]!r}") from None
-        experts = int(
-            cfg.get("num_experts")
-            or cfg.get("num_local_experts")
-            or cfg.get("n_routed_experts")
-            or 0
-        )
+
+        def whole(key: str, default: int | None = None) -> int:
+            """`cfg[key]` as a count: an int (or a float with no fraction), else one error
+            naming it ("abc", null, NaN or 2.9 were tracebacks or silently cut)."""
+            value = cfg.get(key)
+            if value is None or (value == 0 and default is not None):
+                if default is None:
+                    raise ConfigError(f"model {id!r}: config.json lacks {key!r}")
+                return default
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or (isinstance(value, float) and not value.is_integer())
+            ):
+                raise ConfigError(f"model {id!r}: config.json's {key} is {value!r}; "
+                                  "expected a whole number")  # fmt: skip
+            return int(value)
+
+        hidden, heads = whole("hidden_size"), whole("num_attention_heads")
+        if heads < 1:
+            raise ConfigError(f"model {id!r}: num_attention_heads must be >= 1 (got {heads})")
+        experts = whole("num_experts", 0) or whole("num_local_experts", 0)
+        experts = experts or whole("n_routed_experts", 0)
         return cls(
             id=id,
             name=name or id,
-            layers=layers,
+            layers=whole("num_hidden_layers"),
             hidden=hidden,
             heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate=int(cfg.get("intermediate_size") or 0),
-            vocab=vocab,
+            kv_heads=whole("num_key_value_heads", heads),
+            head_dim=whole("head_dim", hidden // heads),
+            intermediate=whole("intermediate_size", 0),
+            vocab=whole("vocab_size"),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_context=int(cfg.get("max_position_embeddings") or 32768),
+            max_context=whole("max_position_embeddings", 32768),
             experts=experts,
-            experts_active=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-            moe_intermediate=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
+            experts_active=whole("num_experts_per_tok", 0) if experts else 0,
+            moe_intermediate=whole("moe_intermediate_size", 0) if experts else 0,
             sources={"config": "config.json"},
         )
 
@@ -390,7 +404,7 @@ def load_model(spec: str) -> ModelProfile:
             raise ConfigError(f"model folder {spec!r} has no config.json")
         try:
             data = json.loads(cfg.read_text())
-        except json.JSONDecodeError as e:
+        except (ValueError, OSError) as e:  # not JSON, not UTF-8, unreadable
             raise ConfigError(f"{cfg}: not valid JSON: {e}") from None
         return ModelProfile.from_hf_config(data, id=path.name or spec, name=str(path))
     ref = _data_dir("models").joinpath(f"{spec.lower()}.toml")

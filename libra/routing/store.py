@@ -10,6 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from libra.errors import ConfigError
+
 
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Write `data` to `path` so that a reader sees the old file or the new one, never
@@ -34,6 +36,9 @@ def read(path: str | Path) -> bytes | None:
         return Path(path).read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as e:  # a folder, a file this user cannot read: was a traceback
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e}); it names the file "
+                          "the routing state is kept in") from None  # fmt: skip
 
 
 __all__ = ["read", "write_atomic"]

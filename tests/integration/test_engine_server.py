@@ -93,3 +93,26 @@ def test_hermes_tool_calls_parsed_like_vllm():
     # One malformed call: nothing is parsed and the whole text stays content.
     bad = 'x<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{oops</tool_call>'
     assert parse_tool_calls(bad) == (bad, [])
+
+
+def test_a_broken_config_json_is_one_line(tmp_path: Path, tiny_model: Path) -> None:
+    """Invalid JSON was a JSONDecodeError traceback, a missing key a KeyError; with
+    `num_hidden_layers` 0 the engine served a model without its layers."""
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model, model)
+    good = json.loads((model / "config.json").read_text())
+    for text, needle in (
+        ("{not json", "not valid JSON"),
+        (json.dumps({**good, "num_hidden_layers": 0}), "num_hidden_layers is 0"),
+        (json.dumps({k: v for k, v in good.items() if k != "max_position_embeddings"}),
+         "max_position_embeddings is None"),
+    ):  # fmt: skip
+        (model / "config.json").write_text(text)
+        done = subprocess.run(
+            [sys.executable, "-m", "libra", "serve-engine", "--model", str(model)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr

@@ -269,3 +269,48 @@ def test_a_trace_of_negative_or_no_tokens_is_one_line(
                                    "task_id": "t", "prompt_tokens": 0, "total_tokens": 0,
                                    "turns": []}) + b"\n")  # fmt: skip
     one_line_error(capsys, ["plan", "--gpus", "8", "--workload", str(none)], "hold no tokens")
+
+
+def test_analysis_commands_refuse_what_they_cannot_use_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was a traceback (an OverflowError, IsADirectoryError, NotADirectoryError after
+    the whole simulation) or, for a mistyped --gpus, a simulation that never ended."""
+    out = str(tmp_path / "w.jsonl")
+    small = ["--steps", "1", "--prompts", "1", "--group", "1"]
+    for param, says in (("turn_tokens=Infinity", "must be finite"),
+                        ("sigma_turn=1e300", "too large to draw lengths")):  # fmt: skip
+        one_line_error(capsys, ["workload", "search-r1", "--out", out, *small, "--param", param],
+                       says)  # fmt: skip
+    assert main(["workload", "search-r1", "--out", out, *small]) == 0
+    capsys.readouterr()
+    one_line_error(capsys, ["eval-routing", out, "--routing", f"tree_path={tmp_path}"],
+                   "cannot be read")  # fmt: skip
+    sim = ["simulate", "--steps", "1", "--systems", "libra", "--jobs", "1"]
+    one_line_error(capsys, [*sim, "--gpus", "99999999999"], "at most 4096 GPUs")
+    one_line_error(capsys, [*sim, "--gpus", "8", "--plot", f"{out}/plots"], "cannot be made")
+
+
+def test_a_broken_model_config_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hidden_size` "abc", null or 2.9, `num_attention_heads` 0, a list for a file, a
+    number for `text_config`, a file that is not UTF-8: tracebacks, or a fraction cut."""
+    import json
+
+    good = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "vocab_size": 1000, "intermediate_size": 512}  # fmt: skip
+    model = tmp_path / "m"
+    model.mkdir()
+    for doc, says in (
+        ({**good, "hidden_size": "abc"}, "hidden_size is 'abc'; expected a whole number"),
+        ({**good, "num_hidden_layers": 2.9}, "num_hidden_layers is 2.9"),
+        ({**good, "hidden_size": None}, "lacks 'hidden_size'"),
+        ({**good, "num_attention_heads": 0}, "num_attention_heads must be >= 1"),
+        ([good], "is not a JSON object"),
+        ({"text_config": 5}, "text_config is not an object"),
+    ):
+        (model / "config.json").write_text(json.dumps(doc))
+        one_line_error(capsys, ["plan", "--gpus", "8", "--model", str(model)], says)
+    (model / "config.json").write_bytes(b'{"hidden_size": "\xff"}')
+    one_line_error(capsys, ["plan", "--gpus", "8", "--model", str(model)], "not valid JSON")

@@ -29,3 +29,20 @@ def test_only_answers_meaning_later_are_retried() -> None:
     assert err("unreachable").retriable and err("busy", 503).retriable
     assert err("spool disk full", 507).retriable
     assert not err("bad body", 400).retriable and not err("load failed", 502).retriable
+
+
+def test_a_url_without_its_scheme_is_refused_and_no_service_is_not_healthy() -> None:
+    """`Client("localhost:9")` retried every call for `reconnect_s` (5 minutes) before it
+    failed; `healthy()` with nothing listening raised a ClientConnectorError."""
+    import socket
+
+    import pytest
+
+    for url in ("localhost:9", "ftp://x", "http://"):
+        with pytest.raises(ValueError, match="expected http://HOST:PORT"):
+            libra.client.Client(url)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with libra.client.Client(f"http://127.0.0.1:{port}") as c:
+        assert c.healthy() is False

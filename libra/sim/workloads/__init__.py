@@ -18,6 +18,7 @@ Names: `search-r1`, `r2e-gym`, `dapo-math`, `search-r1-causal` (docs/workloads.m
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,6 +67,8 @@ def spec(name: str, params: Mapping[str, Any] | None = None) -> WorkloadSpec:
                               f"(got {value!r})")  # fmt: skip
         if (value < 0 and not key.startswith("drift")) or value != value:  # noqa: PLR0124 - NaN
             raise ConfigError(f"workload {name!r}: {key} must be a number >= 0 (got {value!r})")
+        if abs(value) == math.inf:  # an OverflowError traceback from the generator
+            raise ConfigError(f"workload {name!r}: {key} must be finite (got {value!r})")
     return out
 
 
@@ -104,13 +107,18 @@ def sample_data(
         raise ConfigError(f"step must be >= 0 (got {step})")
     s = spec(name, params)
     out: list[dict[str, Any]] = []
-    for index in step_tasks(s, n_prompts, step, seed):
-        task = make_task(s, seed, index)
-        group_id = f"{s.name}/step-{step}/{index}"
-        for k in range(group):
-            rec = episode_data(s, task, step=step, seed=seed, sample=k, group_id=group_id)
-            rec["seq"] = len(out)
-            out.append(rec)
+    try:
+        for index in step_tasks(s, n_prompts, step, seed):
+            task = make_task(s, seed, index)
+            group_id = f"{s.name}/step-{step}/{index}"
+            for k in range(group):
+                rec = episode_data(s, task, step=step, seed=seed, sample=k, group_id=group_id)
+                rec["seq"] = len(out)
+                out.append(rec)
+    except OverflowError:  # a finite parameter past what its distribution can draw
+        given = dict(params or {})
+        raise ConfigError(f"workload {name!r}: a parameter is too large to draw lengths "
+                          f"from ({given}); use values near the defaults") from None  # fmt: skip
     return out
 
 
