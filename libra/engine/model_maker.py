@@ -114,12 +114,7 @@ def make_model(
                 f"{path} exists and is not empty; pass --force to replace it or pick a new folder"
             )
         check_replaceable(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    except OSError as e:
-        raise ConfigError(f"{path}: its folder cannot be made or written ({e.strerror or e}); "
-                          "give a path this user can write") from None  # fmt: skip
+    tmp = temp_beside(path)
     try:
         _write(tmp, seed, sizes)
         if force and path.exists():
@@ -135,6 +130,17 @@ def make_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def temp_beside(path: Path) -> Path:
+    """A fresh folder beside `path` (its folder made) to write a model in and rename to
+    `path` once whole; a `ConfigError` when that cannot be made."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as e:
+        raise ConfigError(f"{path}: its folder cannot be made or written ({e.strerror or e}); "
+                          "give a path this user can write") from None  # fmt: skip
 
 
 def check_replaceable(path: Path) -> None:

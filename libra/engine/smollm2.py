@@ -22,10 +22,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
-from libra.engine.model_maker import check_replaceable
+from libra.engine.model_maker import check_replaceable, temp_beside
 from libra.errors import ConfigError, ModelError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,12 +61,7 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, force: bool = Fa
         if not force:
             raise ConfigError(f"{out} exists and is not empty; pass --force to replace it")
         check_replaceable(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:
-        raise ConfigError(f"{out}: its folder cannot be made or written ({e.strerror or e}); "
-                          "give a path this user can write") from None  # fmt: skip
+    tmp = temp_beside(out)
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         model = AutoModelForCausalLM.from_pretrained(

@@ -97,27 +97,36 @@ class Killer(Arith):
 '''
 
 
+async def run_killer(
+    tmp_path: Path, model: Path, spawn_fake, env_text: str, innocent: int, concurrency: int
+) -> tuple[dict, dict[str, Trajectory]]:
+    """`libra rollout` on two workers of the env in `env_text` (class `Killer`): task
+    `bad` and `innocent` others, `concurrency` at once. (summary, records by task id)."""
+    import orjson
+
+    url, _ = spawn_fake()
+    (tmp_path / "killer.py").write_text(env_text)
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [{"id": "bad", "question": "What is 2 + 3?", "answer": "5"}] + [
+        {"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)}
+        for i in range(innocent)
+    ]
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    c = cfg(tmp_path, model, [BucketConfig(name="tp1", endpoints=[url])],
+            env=f"{tmp_path}/killer.py:Killer", tasks=str(tasks), concurrency=concurrency,
+            workers=2)  # fmt: skip
+    summary = await rollout(c, progress=False)
+    return summary, {r.task_id: r for r in read_jsonl(c.out)}
+
+
 async def test_an_episode_that_kills_its_worker_is_an_error_record_and_the_batch_goes_on(
     tmp_path: Path, tiny_model: Path, spawn_fake
 ) -> None:
     """It killed the worker at every try; after MAX_LOST the batch itself raised, its
     other episodes aborted, no summary."""
-    import orjson
-
     from libra.rollout.workers import MAX_LOST
 
-    url, _ = spawn_fake()
-    (tmp_path / "killer.py").write_text(KILLER_ENV)
-    tasks = tmp_path / "tasks.jsonl"
-    rows = [{"id": "bad", "question": "What is 2 + 3?", "answer": "5"}] + [
-        {"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)
-    ]
-    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[url])],
-            env=f"{tmp_path}/killer.py:Killer", tasks=str(tasks), concurrency=2,
-            workers=2)  # fmt: skip
-    summary = await rollout(c, progress=False)
-    recs = {r.task_id: r for r in read_jsonl(c.out)}
+    summary, recs = await run_killer(tmp_path, tiny_model, spawn_fake, KILLER_ENV, 6, 2)
     assert summary["episodes"] == len(recs) == 7
     bad = recs.pop("bad")
     assert bad.status == "error"
@@ -140,20 +149,7 @@ async def test_episodes_that_shared_a_worker_with_a_killer_are_not_its_victims(
     third death, were recorded as errors with it (which one killed the worker cannot be
     told). Now the ones that died together are kept apart at their last try: only the
     killer's record is an error."""
-    import orjson
-
-    url, _ = spawn_fake()
-    (tmp_path / "killer.py").write_text(SLOW_KILLER_ENV)
-    tasks = tmp_path / "tasks.jsonl"
-    rows = [{"id": "bad", "question": "What is 2 + 3?", "answer": "5"}] + [
-        {"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(11)
-    ]
-    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    c = cfg(tmp_path, tiny_model, [BucketConfig(name="tp1", endpoints=[url])],
-            env=f"{tmp_path}/killer.py:Killer", tasks=str(tasks), concurrency=12,
-            workers=2)  # fmt: skip
-    summary = await rollout(c, progress=False)
-    recs = {r.task_id: r for r in read_jsonl(c.out)}
+    summary, recs = await run_killer(tmp_path, tiny_model, spawn_fake, SLOW_KILLER_ENV, 11, 12)
     assert summary["episodes"] == len(recs) == 12
     assert recs.pop("bad").status == "error"
     assert {t: r.status for t, r in recs.items() if r.status != "ok"} == {}

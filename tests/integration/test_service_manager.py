@@ -5,8 +5,11 @@ and finished batches stay readable from the spool."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from libra.envs.arith import make_tasks
 
@@ -24,17 +27,28 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-async def test_many_finished_batches_are_unloaded_and_reloaded_on_demand(
-    tmp_path: Path, tiny_model: Path, fake_vllm
-) -> None:
-    cfg = ServiceConfig(spool={"dir": str(tmp_path / "spool")}, envs=[EnvEntry(spec="arith")])
+@contextlib.asynccontextmanager
+async def a_manager(
+    tmp_path: Path, tiny_model: Path, url: str, **config: Any
+) -> AsyncIterator[BatchManager]:
+    """A recovered manager over a spool in `tmp_path` and one bucket of `url`'s engine
+    (its episodes run once `manager.run()` does)."""
+    cfg = ServiceConfig(spool={"dir": str(tmp_path / "spool")}, envs=[EnvEntry(spec="arith")],
+                        **config)  # fmt: skip
     buckets = [Bucket("tp1", 1, 4096)]
-    async with EndpointPool([(buckets[0], [fake_vllm.url])], EndpointConfig()) as pool:
+    async with EndpointPool([(buckets[0], [url])], EndpointConfig()) as pool:
         manager = BatchManager(
             config=cfg, pool=pool, tokenizer=ChatTokenizer(tiny_model), max_context=4096,
             envs=EnvHost(cfg.envs, buckets, "static", {}),
         )  # fmt: skip
         manager.recover()
+        yield manager
+
+
+async def test_many_finished_batches_are_unloaded_and_reloaded_on_demand(
+    tmp_path: Path, tiny_model: Path, fake_vllm
+) -> None:
+    async with a_manager(tmp_path, tiny_model, fake_vllm.url) as manager:
         work = asyncio.create_task(manager.run())
         try:
             fds = None
@@ -134,14 +148,7 @@ async def test_a_submit_out_of_file_descriptors_is_a_503_and_leaves_no_batch(
     from libra.service import spool
     from libra.service.errors import RequestError
 
-    cfg = ServiceConfig(spool={"dir": str(tmp_path / "spool")}, envs=[EnvEntry(spec="arith")])
-    buckets = [Bucket("tp1", 1, 4096)]
-    async with EndpointPool([(buckets[0], [fake_vllm.url])], EndpointConfig()) as pool:
-        manager = BatchManager(
-            config=cfg, pool=pool, tokenizer=ChatTokenizer(tiny_model), max_context=4096,
-            envs=EnvHost(cfg.envs, buckets, "static", {}),
-        )  # fmt: skip
-        manager.recover()
+    async with a_manager(tmp_path, tiny_model, fake_vllm.url) as manager:
         real_open, before = os.open, open_fds()
 
         def no_more(path, flags, *a):  # type: ignore[no-untyped-def]
@@ -169,15 +176,7 @@ async def test_unfinished_batches_past_max_open_batches_are_a_429(
 
     from libra.service.errors import RequestError
 
-    cfg = ServiceConfig(spool={"dir": str(tmp_path / "spool")}, envs=[EnvEntry(spec="arith")],
-                        max_open_batches=2)  # fmt: skip
-    buckets = [Bucket("tp1", 1, 4096)]
-    async with EndpointPool([(buckets[0], [fake_vllm.url])], EndpointConfig()) as pool:
-        manager = BatchManager(
-            config=cfg, pool=pool, tokenizer=ChatTokenizer(tiny_model), max_context=4096,
-            envs=EnvHost(cfg.envs, buckets, "static", {}),
-        )  # fmt: skip
-        manager.recover()
+    async with a_manager(tmp_path, tiny_model, fake_vllm.url, max_open_batches=2) as manager:
 
         def req(i: int) -> SubmitRequest:
             return SubmitRequest(env="arith", tasks=make_tasks(1, seed=i), batch_id=f"o{i}")
