@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     summary, code = run_cli(cfg, fresh=args.fresh)
     if summary["outcome"] == "already-done":
         # nothing ran: say so first (on stderr beside --json), then the last run's summary
-        print(_nothing_ran(summary, args.config), file=sys.stderr if args.json else sys.stdout)
+        print(_nothing_ran(summary, _same_run(args)), file=sys.stderr if args.json else sys.stdout)
         if not args.json:
             summary = summary | {"outcome": f"last run {summary['last_outcome']}"}
     if args.json:
@@ -97,13 +97,30 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _nothing_ran(s: dict[str, Any], config: str) -> str:
+def _same_run(args: argparse.Namespace) -> str:
+    """The command's config and the flags that name this run and its config (`--out`,
+    `--seed`, `--set`, less `steps`), quoted for a shell: the hints that dropped them
+    named the config's own `out` (which `--fresh` would delete) and another config."""
+    import shlex
+
+    words = [args.config]
+    if args.out is not None:
+        words += ["--out", args.out]
+    if args.seed is not None:
+        words += ["--seed", str(args.seed)]
+    for pair in args.set:
+        if pair.partition("=")[0].strip() != "steps":
+            words += ["--set", pair]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _nothing_ran(s: dict[str, Any], run: str) -> str:
     n = s["trained_steps"]
     return "\n".join([
         f"nothing ran: {s['out']} holds a run already trained to step {n} "
         f"(steps = {s['requested_steps']}); exit status 3",
-        f"  start over:    libra train {config} --fresh   (deletes {s['out']})",
-        f"  train further: libra train {config} --steps N   (or --set steps=N), N > {n}",
+        f"  start over:    libra train {run} --fresh   (deletes {s['out']})",
+        f"  train further: libra train {run} --steps N   (or --set steps=N), N > {n}",
     ])  # fmt: skip
 
 

@@ -170,6 +170,9 @@ async def build_run(
         resumed = saved is not None
         view.phase = "preparing"
         base = await prepare_model(cfg, out)
+        # the buckets' bounds before the warm start (their error came after it: minutes)
+        max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
+        buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
         env = load_env(cfg.data.env, cfg.data.env_options)
         stack.push_async_callback(close_env, env)
         tasks, val_tasks = train_tasks(cfg, env)
@@ -207,8 +210,6 @@ async def build_run(
             )
         )  # fmt: skip
         stack.push_async_callback(trainer.close)
-        max_context = cfg.rollout.limits.max_context or model_context(Path(base)) or 4096
-        buckets = resolve_buckets(list(cfg.fleet.buckets), max_context)
         pool = EndpointPool([(b, []) for b in buckets], cfg.rollout.endpoint, joined_later=True)
         weights = weight_sync(
             cfg, trainer, pool, launcher.kind, out,

@@ -116,8 +116,9 @@ class RolloutSection(Config):
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
     max_failed_steps: int = Field(3, ge=1)
-    """Steps in a row in which every training episode ended `error` (nothing to learn:
-    a broken reward, tool or sandbox) stop the run, naming the most common error."""
+    """Steps in a row in which every training episode ended `error`, or `truncated`
+    before its first token (nothing to learn: a broken reward, tool or sandbox, prompts
+    past the context) stop the run, naming the most common error."""
 
 
 class SFTSection(Config):
@@ -345,6 +346,28 @@ class TrainConfig(Config):
             )
         if f.devices is not None and f.core_rollout + f.core_train > f.devices:
             raise ValueError("fleet.devices is smaller than core_rollout + core_train")
+        elastic = self.trainer.elastic
+        if "core_replicas" not in elastic.model_fields_set:
+            elastic.core_replicas = f.core_train  # placed by the fleet: one setting
+        elif elastic.core_replicas != f.core_train:
+            raise ValueError(
+                f"trainer.elastic.core_replicas ({elastic.core_replicas}) differs from "
+                f"fleet.core_train ({f.core_train}), which places them: set fleet.core_train "
+                "alone (the trainer built the one count and the fleet showed the other)"
+            )
+        if f.core_train + f.hybrids > elastic.max_replicas:
+            raise ValueError(
+                f"trainer.elastic.max_replicas ({elastic.max_replicas}) is below "
+                f"fleet.core_train + hybrids ({f.core_train + f.hybrids}): a hybrid sent to "
+                "train would wait for ever; raise max_replicas"
+            )
+        engines = f.core_rollout
+        if empty := [b.name for i, b in enumerate(f.buckets) if i >= engines and not b.endpoints]:
+            raise ValueError(
+                f"fleet.buckets: {', '.join(empty)} would have no engine: the "
+                f"{engines} core_rollout engines are dealt over the buckets in order (a "
+                "hybrid joins the first); raise core_rollout or drop the bucket"
+            )
         ranks = self.trainer.elastic.replica_ranks
         gpus = f.kind == "vllm" and f.vllm.device == "cuda"
         if gpus and self.trainer.gpus:

@@ -93,6 +93,7 @@ def preflight(cfg: TrainConfig) -> list[str]:
                 problems += _prompt_problem(env, tasks[0])
         finally:
             asyncio.run(close_env(env))
+    problems += _bucket_problem(cfg)
     if cfg.planner.hardware != "local":
         from libra.planner import load_hardware
 
@@ -404,6 +405,22 @@ def _layout_lines(lay: dict[str, Any], vllm: dict[str, Any] | None) -> list[str]
     if lay["problem"]:
         out.append(f"  a run stops here: {lay['problem']}")
     return out
+
+
+def _bucket_problem(cfg: TrainConfig) -> list[str]:
+    """[why the buckets' bounds do not resolve at the model's context], or [] (two
+    buckets without a bound at a context of 1,024 both took 1,024: found only after the
+    warm start)."""
+    from libra.errors import ConfigError
+    from libra.rollout.serving import model_context, resolve_buckets
+
+    path = cfg.model.path
+    context = cfg.rollout.limits.max_context or (model_context(Path(path)) if path else None)
+    try:
+        resolve_buckets(list(cfg.fleet.buckets), context or cfg.model.max_position_embeddings)
+    except ConfigError as e:
+        return [f"fleet.buckets: {e}"]
+    return []
 
 
 def _prompt_problem(env: Any, task: dict[str, Any]) -> list[str]:

@@ -77,7 +77,8 @@ class Tally:
     migrations: int = 0
     not_ok: int = 0
     errors: Counter[str] = field(default_factory=Counter)
-    """Episodes that ended `error`, by reason (its first 120 characters)."""
+    """Episodes that ended `error`, or `truncated` before a token, by reason (its first
+    120 characters)."""
     dropped: int = 0
     kept_equal: int = 0
     busy_s: float = 0.0
@@ -91,7 +92,9 @@ class Tally:
             self.total_tokens += r.total_tokens
             self.migrations += len(r.migrations)
             self.not_ok += r.status != "ok"
-            if r.status == "error":
+            if r.status == "error" or (r.status == "truncated" and not r.model_tokens):
+                # truncated before its first token (a prompt past the context): nothing
+                # to learn from either (a run of them ended `done`, having trained on none)
                 self.errors[(r.error or "no reason given")[:120]] += 1
 
     @property

@@ -43,9 +43,12 @@ def test_a_finished_run_says_nothing_ran_and_exits_3(tmp_path: Path) -> None:
         f"nothing ran: {out} holds a run already trained to step {steps} (steps = {steps}); "
         "exit status 3"
     )
-    assert lines[1].split() == ["start", "over:", "libra", "train", CONFIG, "--fresh", "(deletes",
-                                f"{out})"]  # fmt: skip
-    assert f"libra train {CONFIG} --steps N   (or --set steps=N), N > {steps}" in lines[2]
+    # the hints name this run (its --out, and the --set flags of its config): without
+    # them `--fresh` would have named the config's own out
+    run = f"{CONFIG} --out {out}"
+    assert lines[1].split() == ["start", "over:", "libra", "train", *run.split(), "--fresh",
+                                "(deletes", f"{out})"]  # fmt: skip
+    assert f"libra train {run} --steps N   (or --set steps=N), N > {steps}" in lines[2]
     assert lines[3].startswith("last run done: ")  # the old summary, not a new one
     assert sorted(p.name for p in out.iterdir()) == before  # nothing written, nothing started
 

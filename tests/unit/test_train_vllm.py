@@ -193,7 +193,7 @@ def test_cpu_placement_deals_cores_round_robin() -> None:
 def test_vllm_fleet_plans_at_its_bucket_tp() -> None:
     from libra.train.setup import planner_settings
 
-    c = cfg(buckets=[BucketConfig(name="a", tp=2), BucketConfig(name="b", tp=4)])
+    c = cfg(buckets=[BucketConfig(name="a", tp=2), BucketConfig(name="b", tp=4)], core_rollout=2)
     assert planner_settings(c).rollout.tp_sizes == [2, 4]
     assert planner_settings(TrainConfig()).rollout.tp_sizes == [1]
 
