@@ -25,6 +25,7 @@ import logging
 import resource
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,8 @@ class BatchManager:
         """Finished batches on disk, loaded when first asked for."""
         self._slots = asyncio.Semaphore(config.concurrency)
         self._reloading: dict[str, asyncio.Future[Batch]] = {}
+        self._wanted: Counter[str] = Counter()
+        """Batches a `hold` waits for (loaded back, or not yet resumed): kept loaded."""
         """Finished batches being read back from the spool, one load each."""
         self.write_error: str | None = None
         """Why finished records cannot be written to the spool (the disk is full), while
@@ -249,16 +252,21 @@ class BatchManager:
         return batch
 
     async def hold(self, batch_id: str) -> Batch:
-        """`get`, counted as a reader until `let_go`: `evict` leaves it loaded. Counted
-        in the same step as it is found loaded: a stream counted itself only after its
+        """`get`, counted as a reader until `let_go`: `evict` leaves it loaded. Wanted
+        from before the first await (`evict` skips a batch someone waits for) and a
+        reader from the step `get` returns in: a stream counted itself only after its
         first await, and another request's `evict` released the spool under it (reads
         from a closed file, or from another batch's file that took its number)."""
-        while True:
+        self._wanted[batch_id] += 1
+        try:
             batch = await self.get(batch_id)
-            if self.batches.get(batch_id) is batch:  # not evicted while this one waited
-                batch.readers += 1
-                self.readers += 1
-                return batch
+        finally:
+            self._wanted[batch_id] -= 1
+            if not self._wanted[batch_id]:
+                del self._wanted[batch_id]
+        batch.readers += 1
+        self.readers += 1
+        return batch
 
     def let_go(self, batch: Batch) -> None:
         """The end of a `hold`."""
@@ -580,7 +588,7 @@ class BatchManager:
         """Unload finished batches beyond the newest `KEEP_LOADED` that nobody streams."""
         done = [b for b in self.batches.values() if b.spool.closed]
         for b in done[: max(0, len(done) - KEEP_LOADED)]:
-            if b.readers == 0:
+            if b.readers == 0 and b.id not in self._wanted:
                 b.spool.release()
                 del self.batches[b.id]
                 self._terminal.add(b.id)
