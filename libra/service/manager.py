@@ -51,7 +51,14 @@ from libra.service.envs import EnvHost
 from libra.service.errors import RequestError
 from libra.service.fair import FairQueue
 from libra.service.metrics import Metrics
-from libra.service.spool import RETRY_S, Spool, Syncer, write_json_atomic
+from libra.service.spool import (
+    RETRY_S,
+    Spool,
+    Syncer,
+    read_state,
+    store_batch,
+    write_json_atomic,
+)
 
 log = logging.getLogger("libra.service")
 
@@ -156,7 +163,7 @@ class BatchManager:
             self.version, self.folder = int(doc["version"]), doc.get("path")
             self.pool.set_version(self.version, kept_urls)
         for folder in sorted(p for p in self.root.iterdir() if (p / "batch.json").is_file()):
-            state = _read_state(folder)
+            state = read_state(folder)
             if state.get("complete"):
                 self._terminal.add(folder.name)
                 continue
@@ -289,7 +296,7 @@ class BatchManager:
     def _reload(self, batch_id: str) -> tuple[dict[str, Any], Any, tuple[list[EpisodeSpec], Spool]]:
         folder = self.root / batch_id
         doc = orjson.loads((folder / "batch.json").read_bytes())
-        return doc, _read_state(folder).get("state", "done"), (specs_for(doc), self._spool(doc))
+        return doc, read_state(folder).get("state", "done"), (specs_for(doc), self._spool(doc))
 
     def max_open_batches(self) -> int:
         """`max_open_batches`, or a quarter of the open-file limit (at least 16)."""
@@ -386,15 +393,7 @@ class BatchManager:
             raise RequestError(400, str(e)) from None
         check_tasks(doc["tasks"], prompt)
         specs = specs_for(doc)
-        folder = self.root / doc["batch_id"]
-        made = not folder.exists()
-        _create(folder, doc)
-        try:
-            return specs, self._spool(doc)
-        except OSError:  # refused: nothing of it may be run again at a restart
-            if made:
-                _forget(folder)
-            raise
+        return specs, store_batch(self.root / doc["batch_id"], doc, lambda: self._spool(doc))
 
     async def cancel(self, batch_id: str) -> Batch:
         """Queued episodes are recorded `aborted` at once, running ones as they stop."""
@@ -592,34 +591,6 @@ class BatchManager:
                 b.spool.release()
                 del self.batches[b.id]
                 self._terminal.add(b.id)
-
-
-def _read_state(folder: Path) -> dict[str, Any]:
-    path = folder / "state.json"
-    return dict(orjson.loads(path.read_bytes())) if path.is_file() else {}
-
-
-def _create(folder: Path, doc: dict[str, Any]) -> None:
-    """The batch's folder and its stored request; on a failed write (a full disk: the
-    client gets a 507 and may submit again) no folder is left that this call made."""
-    made = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        write_json_atomic(folder / "batch.json", doc)
-    except OSError:  # the folder's fsync too: batch.json was in place, and ran at restart
-        if made:
-            _forget(folder)
-        raise
-
-
-def _forget(folder: Path) -> None:
-    """Remove a refused batch's folder, by name (listing a folder takes a descriptor,
-    and a submit refused for want of them has none)."""
-    for name in ("records.jsonl", "batch.json", "batch.json.tmp"):
-        with contextlib.suppress(OSError):
-            (folder / name).unlink()
-    with contextlib.suppress(OSError):
-        folder.rmdir()
 
 
 __all__ = ["BatchManager"]

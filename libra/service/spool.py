@@ -26,7 +26,7 @@ import contextlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,39 @@ def write_json_atomic(path: Path, doc: Any) -> None:
         tmp.unlink(missing_ok=True)  # a full disk left half a file behind
         raise
     fsync_dir(path.parent)
+
+
+def store_batch(folder: Path, doc: dict[str, Any], opened: Callable[[], Spool]) -> Spool:
+    """A new batch's folder, its stored request (`batch.json`) and its spool
+    (`opened()`), all or nothing: on a failed write (a full disk: the client gets a 507
+    and may submit again; the folder's fsync too, when batch.json was in place and ran
+    at restart) or a spool that cannot open (no descriptor left) no folder is left that
+    this call made, so nothing of a refused submit runs at a restart."""
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        write_json_atomic(folder / "batch.json", doc)
+        return opened()
+    except OSError:
+        if made:
+            _forget(folder)
+        raise
+
+
+def _forget(folder: Path) -> None:
+    """Remove a refused batch's folder, by name (listing a folder takes a descriptor,
+    and a submit refused for want of them has none)."""
+    for name in ("records.jsonl", "batch.json", "batch.json.tmp"):
+        with contextlib.suppress(OSError):
+            (folder / name).unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """A batch folder's `state.json` ({} when it has none yet)."""
+    path = folder / "state.json"
+    return dict(orjson.loads(path.read_bytes())) if path.is_file() else {}
 
 
 def fsync_dir(folder: Path) -> None:
@@ -330,4 +363,5 @@ class Syncer:
         return True
 
 
-__all__ = ["RETRY_S", "Spool", "SpoolCorrupt", "Syncer", "fsync_dir", "write_json_atomic"]
+__all__ = ["RETRY_S", "Spool", "SpoolCorrupt", "Syncer", "fsync_dir", "read_state",
+           "store_batch", "write_json_atomic"]  # fmt: skip

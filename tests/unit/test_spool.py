@@ -183,9 +183,11 @@ def test_a_batch_that_cannot_be_stored_leaves_nothing_behind(tmp_path: Path) -> 
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
         "from pathlib import Path\n"
-        "from libra.service.manager import _create\n"
+        "from libra.service.spool import Spool, store_batch\n"
+        "folder = Path(sys.argv[1])\n"
         "try:\n"
-        "    _create(Path(sys.argv[1]), {'tasks': ['x' * 5000]})\n"
+        "    store_batch(folder, {'tasks': ['x' * 5000]},\n"
+        "                lambda: Spool(folder, 1, durable_publish=False))\n"
         "except OSError as e:\n"
         "    print('OSError', e.errno)\n"
     )
