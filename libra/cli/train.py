@@ -24,7 +24,10 @@ An existing run there is resumed from its last checkpoint; --fresh starts over.
 
 exit status: 0 trained to `steps`; 3 nothing ran: the run in `out` was already at
 `steps` (--fresh starts over, --steps N or --set steps=N trains further); 130
-interrupted (the same command resumes); 2 bad input; 1 failed.
+interrupted (the same command resumes); 2 one line `libra: error: ...` naming the
+cause and the fix: bad input, or a run stopped for a cause it names (episodes that
+all fail, a gradient that is not finite, a full disk, a core replica lost: fix it and
+the same command resumes); 1 a crash.
 """
 
 
