@@ -115,27 +115,45 @@ def load_weights(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         return fuse(raw, cfg)
     except KeyError as e:
         raise ModelError(f"{folder}: weight {e.args[0]} is missing") from None
+    except ModelError as e:
+        raise ModelError(f"{folder}: {e}") from None
 
 
 def fuse(raw: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    def get(name: str) -> torch.Tensor:
-        return raw[name].to(cfg.dtype).contiguous()
+    """`raw` (HF names) in the decoder's layout. A tensor whose shape is not the one
+    config.json gives is refused here, naming both: the forward pass would fail at the
+    first request, or (a projection's inner size) serve another model than the config
+    says."""
+    hidden, vocab, inner = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = {"q": (q, hidden), "k": (kv, hidden), "v": (kv, hidden)}
 
-    w = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
-    w["lm_head"] = w["embed"] if cfg.tie_word_embeddings else get("lm_head.weight")
+    def get(name: str, *shape: int) -> torch.Tensor:
+        t = raw[name]
+        if tuple(t.shape) != shape:
+            raise ModelError(
+                f"weight {name} has shape {list(t.shape)}, but config.json's sizes give "
+                f"{list(shape)}: the weights and config.json are of different models"
+            )
+        return t.to(cfg.dtype).contiguous()
+
+    w = {"embed": get("model.embed_tokens.weight", vocab, hidden),
+         "norm": get("model.norm.weight", hidden)}  # fmt: skip
+    w["lm_head"] = w["embed"] if cfg.tie_word_embeddings else get("lm_head.weight", vocab, hidden)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        w[f"{i}.qkv"] = torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"])
+        w[f"{i}.qkv"] = torch.cat([get(a + f"{x}_proj.weight", *shapes[x]) for x in "qkv"])
         if cfg.qkv_bias:
-            w[f"{i}.qkv_b"] = torch.cat([get(a + f"{x}_proj.bias") for x in "qkv"])
-        w[f"{i}.o"] = get(a + "o_proj.weight")
+            w[f"{i}.qkv_b"] = torch.cat([get(a + f"{x}_proj.bias", shapes[x][0]) for x in "qkv"])
+        w[f"{i}.o"] = get(a + "o_proj.weight", hidden, q)
         w[f"{i}.gate_up"] = torch.cat(
-            [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]
-        )
-        w[f"{i}.down"] = get(p + "mlp.down_proj.weight")
-        w[f"{i}.ln1"] = get(p + "input_layernorm.weight")
-        w[f"{i}.ln2"] = get(p + "post_attention_layernorm.weight")
+            [get(p + "mlp.gate_proj.weight", inner, hidden),
+             get(p + "mlp.up_proj.weight", inner, hidden)]
+        )  # fmt: skip
+        w[f"{i}.down"] = get(p + "mlp.down_proj.weight", hidden, inner)
+        w[f"{i}.ln1"] = get(p + "input_layernorm.weight", hidden)
+        w[f"{i}.ln2"] = get(p + "post_attention_layernorm.weight", hidden)
     return w
 
 

@@ -257,3 +257,28 @@ def test_default_model_made_once_when_two_processes_race(tmp_path, monkeypatch):
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temp leftovers
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_model_dir() == folder
+
+
+@pytest.mark.parametrize(
+    ("key", "factor", "weight"),
+    [("intermediate_size", 2, "mlp.gate_proj.weight"), ("hidden_size", 2, "embed_tokens")],
+)
+def test_weights_of_other_sizes_than_config_json_are_refused_at_load(
+    model_dir, tmp_path, key, factor, weight
+):
+    """A folder whose config.json and weights disagree is refused when the engine loads
+    it, naming the weight: an inner size the forward pass never reads served another
+    model than the config said, and a hidden size failed at the first request."""
+    import shutil
+
+    from libra.engine.model import ModelConfig, load_weights
+    from libra.errors import ModelError
+
+    folder = tmp_path / "mixed"
+    shutil.copytree(model_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[key] *= factor
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match=rf"{weight}.* has shape .* config\.json's sizes give"):
+        load_weights(folder, ModelConfig.load(folder))
+    assert load_weights(model_dir, ModelConfig.load(model_dir))  # the model itself loads
