@@ -74,9 +74,24 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     return p
 
 
+GENERATED = 16_384
+"""Episodes generated at most for a step: a larger batch is this sample resampled to its
+size (`WorkloadStats.resample`: the same length distribution, tail included), since
+generating a million episodes took minutes and gigabytes for the same figures."""
+MAX_EPISODES = 1 << 22
+"""Episodes a step may have (--batch x --group)."""
+
+
 def load_workload(spec: str, batch: int | None, group: int | None, step: int, seed: int) -> Any:
     """Trajectory records -> WorkloadStats, from a trace file or a named generator."""
     from libra.planner import WorkloadStats
+
+    prompts, samples = batch or 64, group or 16
+    if prompts * samples > MAX_EPISODES:
+        raise ConfigError(
+            f"--batch {prompts} x --group {samples} is {prompts * samples:,} episodes a step; "
+            f"the planner models at most {MAX_EPISODES:,}"
+        )
 
     path = Path(spec)
     if spec.endswith((".jsonl", ".jsonl.gz")) or path.is_file():
@@ -89,7 +104,7 @@ def load_workload(spec: str, batch: int | None, group: int | None, step: int, se
         except ValueError as e:
             raise ConfigError(str(e)) from None
         if batch is not None or group is not None:
-            stats = stats.resample((batch or 64) * (group or 16))
+            stats = stats.resample(prompts * samples)
         return stats
     try:
         from libra.sim import workloads
@@ -101,8 +116,13 @@ def load_workload(spec: str, batch: int | None, group: int | None, step: int, se
     if spec not in workloads.WORKLOADS:
         known = ", ".join(workloads.WORKLOADS)
         raise ConfigError(f"unknown workload {spec!r}; known: {known} (or a TRACE.jsonl file)")
-    records = workloads.sample(spec, batch or 64, group or 16, step=step, seed=seed)
-    return WorkloadStats.from_records(records)
+    if prompts * samples <= GENERATED:
+        return WorkloadStats.from_records(
+            workloads.sample(spec, prompts, samples, step=step, seed=seed)
+        )
+    few = min(samples, GENERATED)  # a sample of the step's prompts and their groups
+    records = workloads.sample(spec, max(1, GENERATED // few), few, step=step, seed=seed)
+    return WorkloadStats.from_records(records).resample(prompts * samples)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,6 +65,7 @@ def test_exhaustive_flag_matches_the_pruned_plan(trace, capsys):
         (["--model", "qwen3-32b", "--hardware", "ascend-910b3", "--gpus", "4"], "needs at least"),
         (["--gpus", "0"], "argument --gpus: expected an integer >= 1, got 0"),
         (["--bins", "x"], "argument --bins: expected an integer >= 1, got 'x'"),
+        (["--batch", "10000000"], "160,000,000 episodes a step; the planner models at most"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, trace, capsys):
@@ -132,3 +133,34 @@ def test_public_surface_and_light_import():
     code = "import sys, libra.planner, libra.cli.plan; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # torch only for calibrate_local, imported inside it
+
+
+def test_a_large_generated_batch_plans_from_a_sample_of_it(capsys, monkeypatch):
+    """A batch past `GENERATED` episodes is a generated sample resampled to its size: it
+    plans the batch it was asked for, close to what the whole generated batch plans (the
+    same layout; the iteration within the noise of another sample of prompts), without
+    generating every episode (a million took minutes and gigabytes)."""
+    from libra.cli import plan as plan_cli
+    from libra.sim import workloads
+
+    argv = ["plan", "--gpus", "48", "--workload", "search-r1", "--batch", "256", "--json"]
+    assert main(argv) == 0
+    whole = json.loads(capsys.readouterr().out)
+    made: list[int] = []
+    sample = workloads.sample
+
+    def counted(name: str, prompts: int, group: int, **kw):  # type: ignore[no-untyped-def]
+        made.append(prompts * group)
+        return sample(name, prompts, group, **kw)
+
+    monkeypatch.setattr(workloads, "sample", counted)
+    monkeypatch.setattr(plan_cli, "GENERATED", 2048)
+    assert main(argv) == 0
+    sampled = json.loads(capsys.readouterr().out)
+    assert made == [2048]
+    assert sampled["workload"]["episodes"] == whole["workload"]["episodes"] == 256 * 16
+    assert (sampled["train_gpus"], sampled["rollout_gpus"]) == (
+        whole["train_gpus"],
+        whole["rollout_gpus"],
+    )
+    assert sampled["t_iter_s"] == pytest.approx(whole["t_iter_s"], rel=0.05)
