@@ -69,9 +69,10 @@ def buckets_from_args(args: argparse.Namespace) -> list[Any]:
         out = []
         for name, spec in parse_pairs(args.bucket, "--bucket", "NAME=TP:BOUND, e.g. tp4=4:15000"):
             tp, sep, bound = spec.partition(":")
-            if not sep or not tp.isdigit() or not bound.isdigit() or int(tp) < 1:
+            if not sep or not _whole(tp) or not _whole(bound):
                 raise ConfigError(
-                    f"--bucket {name}={spec}: expected NAME=TP:BOUND, e.g. tp4=4:15000"
+                    f"--bucket {name}={spec}: expected NAME=TP:BOUND, both whole numbers "
+                    ">= 1, e.g. tp4=4:15000"
                 )
             out.append(Bucket(name, int(tp), int(bound)))
         if len({b.name for b in out}) < len(out) or len({b.bound for b in out}) < len(out):
@@ -87,6 +88,11 @@ def buckets_from_args(args: argparse.Namespace) -> list[Any]:
         [f"tp{t}" for t in tps] if len(set(tps)) == len(tps) else [f"b{i}" for i in range(len(tps))]
     )
     return [Bucket(n, t, b) for n, t, b in zip(names, tps, bounds, strict=True)]
+
+
+def _whole(text: str) -> bool:
+    """An ASCII whole number >= 1 (`str.isdigit` takes "²", which `int` refuses)."""
+    return text.isascii() and text.isdigit() and int(text) >= 1
 
 
 def _read(path: Path) -> bytes:

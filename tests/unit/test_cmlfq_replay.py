@@ -166,6 +166,8 @@ def test_eval_routing_prints_a_table_and_takes_buckets_and_options(tmp_path, cap
         (["--bounds", "15000,5000"], "strictly ascending"),
         (["--policy", "fifo"], "unknown; known: cmlfq, mlfq, predictor, static"),
         (["--bucket", "a=x:5"], "expected NAME=TP:BOUND"),
+        (["--bucket", "a=1:\u00b2"], "expected NAME=TP:BOUND"),  # isdigit, not int: a traceback
+        (["--bucket", "a=1:0"], "both whole numbers >= 1"),  # a bucket serving nothing
         (["--routing", "nope=1"], "nope: unknown key"),
     ],
 )
