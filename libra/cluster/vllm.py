@@ -145,17 +145,20 @@ def ipc_dir() -> str:
     (`VLLM_RPC_BASE_PATH`; vLLM's default is the temp folder itself, where every server
     killed before its own cleanup left its socket files behind). One per launching
     process, removed when it exits; folders of processes no longer alive are removed
-    when the next one is made (a launcher killed outright cannot remove its own)."""
+    when the next one is made (a launcher killed outright cannot remove its own). The
+    folder is made new, private, under a name nobody can take first (`mkdtemp`): a
+    folder another user made under a name known in advance held the sockets of the
+    servers, so that user could talk to them."""
     root = Path(tempfile.gettempdir())
     uid = os.getuid()
-    for old in root.glob(f"{IPC_PREFIX}{uid}-*"):
-        pid = old.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
+    prefix = f"{IPC_PREFIX}{uid}-"
+    for old in root.glob(f"{prefix}*"):
+        pid = old.name[len(prefix) :].split("-")[0]  # `PID-random` (`PID` before)
+        if pid.isascii() and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
-    folder = root / f"{IPC_PREFIX}{uid}-{os.getpid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
     atexit.register(shutil.rmtree, folder, True)
-    return str(folder)
+    return folder
 
 
 def _alive(pid: int) -> bool:

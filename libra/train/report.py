@@ -94,8 +94,9 @@ def set_aside_groups(path: Path, first: int) -> int:
                 f"{path}:{lineno}: not a trajectory record, so the resume cannot tell which "
                 "episodes its checkpoint covers; repair the line or move the file away"
             ) from None
-        n = gid[1:7]
-        (moved if gid.startswith("g") and n.isdigit() and int(n) >= first else keep).append(line)
+        n = gid[1:7]  # ASCII digits: `int` refuses some that `isdigit` takes ("²")
+        later = gid.startswith("g") and n.isascii() and n.isdigit() and int(n) >= first
+        (moved if later else keep).append(line)
     if moved:
         with open(path.with_name(SUPERSEDED), "ab") as f:
             f.write(b"".join(moved))

@@ -47,10 +47,8 @@ def version_dir(root: str | Path, version: int) -> Path:
 
 def prune(root: str | Path, keep: int) -> None:
     """Delete all but the newest `keep` version folders under `root`."""
-    folders = sorted(
-        (p for p in Path(root).glob("v*") if p.is_dir() and p.name[1:].isdigit()),
-        key=lambda p: int(p.name[1:]),
-    )
+    versions = (p for p in Path(root).glob("v*") if p.name[1:].isascii() and p.is_dir())
+    folders = sorted((p for p in versions if p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
     for p in folders[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
 

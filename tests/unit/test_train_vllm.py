@@ -230,7 +230,8 @@ def test_vllm_sockets_go_to_a_folder_of_the_launcher_swept_once_it_is_gone(
 ) -> None:
     """vLLM binds its ZMQ sockets in `VLLM_RPC_BASE_PATH` (default: the temp folder, where
     every killed server left its socket files). Servers a process launches get one
-    folder of that process; a folder whose process is gone is removed by the next."""
+    folder of that process, new and private (not one somebody made under its name
+    first); a folder whose process is gone is removed by the next."""
     monkeypatch.setattr(vllm.tempfile, "tempdir", str(tmp_path))
     vllm.ipc_dir.cache_clear()
     monkeypatch.setattr(vllm.atexit, "register", lambda *a: None)  # not this test's folder
@@ -239,7 +240,8 @@ def test_vllm_sockets_go_to_a_folder_of_the_launcher_swept_once_it_is_gone(
                           capture_output=True, text=True, check=True)  # fmt: skip
     stale = tmp_path / f"{vllm.IPC_PREFIX}{uid}-{gone.stdout.strip()}"
     live = tmp_path / f"{vllm.IPC_PREFIX}{uid}-{os.getppid()}"  # our parent: alive
-    for d in (stale, live):
+    taken = tmp_path / f"{vllm.IPC_PREFIX}{uid}-{os.getpid()}"  # made by someone else
+    for d in (stale, live, taken):
         d.mkdir()
         (d / "left-socket").touch()
     c = cfg(vllm={"python": "py", "gpus": [0]})
@@ -250,7 +252,8 @@ def test_vllm_sockets_go_to_a_folder_of_the_launcher_swept_once_it_is_gone(
             launch, launcher.server(1, Placement("cuda", (0,)).assign("r", 1), 8000)
         )
         mine = Path(env["VLLM_RPC_BASE_PATH"])
-        assert mine == tmp_path / f"{vllm.IPC_PREFIX}{uid}-{os.getpid()}" and mine.is_dir()
+        assert mine.parent == tmp_path and mine.name.startswith(f"{taken.name}-")
+        assert mine.is_dir() and not any(mine.iterdir()) and mine.stat().st_mode & 0o777 == 0o700
         assert not stale.exists() and (live / "left-socket").exists()
         # every server of this process shares it (one folder to remove at exit)
         env2 = vllm.environment(
