@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -171,20 +170,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@functools.cache
 def libra_only_path() -> str:
     """A folder holding only a link to this `libra` package: on vLLM's `PYTHONPATH` it
     exposes `libra.transfer` without the packages of Libra's own environment (its
-    site-packages may hold another torch)."""
+    site-packages may hold another torch). It lies in this process's private folder
+    (`ipc_dir`): one in the temp folder under a name known in advance let another user
+    make it first and put, say, a `sitecustomize.py` beside the link, which every vLLM
+    server would have run."""
     package = Path(__file__).resolve().parent.parent
-    tag = hashlib.sha1(str(package).encode()).hexdigest()[:12]
-    folder = Path(tempfile.gettempdir()) / f"libra-path-{os.getuid()}-{tag}"
-    link = folder / "libra"
-    if not link.is_symlink() or link.resolve() != package:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".libra.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(package, target_is_directory=True)
-        tmp.replace(link)  # atomic: servers starting at once all see a whole link
+    folder = Path(ipc_dir()) / "pythonpath"
+    folder.mkdir(mode=0o700)
+    (folder / "libra").symlink_to(package, target_is_directory=True)
     return str(folder)
 
 

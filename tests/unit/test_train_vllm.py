@@ -231,9 +231,11 @@ def test_vllm_sockets_go_to_a_folder_of_the_launcher_swept_once_it_is_gone(
     """vLLM binds its ZMQ sockets in `VLLM_RPC_BASE_PATH` (default: the temp folder, where
     every killed server left its socket files). Servers a process launches get one
     folder of that process, new and private (not one somebody made under its name
-    first); a folder whose process is gone is removed by the next."""
+    first), which also holds the folder on their PYTHONPATH; a folder whose process is
+    gone is removed by the next."""
     monkeypatch.setattr(vllm.tempfile, "tempdir", str(tmp_path))
     vllm.ipc_dir.cache_clear()
+    vllm.libra_only_path.cache_clear()
     monkeypatch.setattr(vllm.atexit, "register", lambda *a: None)  # not this test's folder
     uid = os.getuid()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -253,7 +255,12 @@ def test_vllm_sockets_go_to_a_folder_of_the_launcher_swept_once_it_is_gone(
         )
         mine = Path(env["VLLM_RPC_BASE_PATH"])
         assert mine.parent == tmp_path and mine.name.startswith(f"{taken.name}-")
-        assert mine.is_dir() and not any(mine.iterdir()) and mine.stat().st_mode & 0o777 == 0o700
+        assert mine.is_dir() and mine.stat().st_mode & 0o777 == 0o700
+        # vLLM's PYTHONPATH: only the link to this package, in the same private folder
+        path = Path(env["PYTHONPATH"].split(os.pathsep)[0])
+        assert path.parent == mine and [p.name for p in mine.iterdir()] == [path.name]
+        assert [p.name for p in path.iterdir()] == ["libra"]
+        assert (path / "libra").resolve() == Path(vllm.__file__).resolve().parent.parent
         assert not stale.exists() and (live / "left-socket").exists()
         # every server of this process shares it (one folder to remove at exit)
         env2 = vllm.environment(
@@ -262,3 +269,4 @@ def test_vllm_sockets_go_to_a_folder_of_the_launcher_swept_once_it_is_gone(
         assert env2["VLLM_RPC_BASE_PATH"] == str(mine)
     finally:
         vllm.ipc_dir.cache_clear()
+        vllm.libra_only_path.cache_clear()
