@@ -14,7 +14,6 @@ different seeds are interchangeable for a weight update. Same seed, same bytes.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from libra.cachedir import user_cache
 from libra.engine.tokenizer_maker import SPECIAL_TOKENS, TAG_TOKENS, train_tokenizer
 from libra.errors import ConfigError
 
@@ -76,8 +76,7 @@ class TinyQwen2:
 
 def default_model_dir(seed: int = 0) -> Path:
     """Where `serve-engine` keeps the default model: the user cache."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "libra" / "models" / f"tiny-qwen2-v{MAKER_VERSION}-s{seed}"
+    return user_cache("models", f"tiny-qwen2-v{MAKER_VERSION}-s{seed}")
 
 
 def ensure_default_model(seed: int = 0) -> Path:

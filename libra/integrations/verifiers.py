@@ -46,12 +46,12 @@ import itertools
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from libra.cachedir import user_cache
 from libra.env import Env
 from libra.errors import ConfigError, LibraError
 from libra.proxy.agent import AgentEnv
@@ -151,11 +151,12 @@ class VerifiersEnv(AgentEnv):
         return [{"id": tid, "prompt": t.data.prompt_text} for tid, t in self.tasks().items()]
 
     def default_tasks(self) -> Path:  # type: ignore[override]
-        """The taskset's tasks as a JSONL file (content-addressed in the temp folder)."""
+        """The taskset's tasks as a JSONL file (content-addressed in the user's cache
+        folder: in the shared temp folder another user could make it first)."""
         data = b"".join(orjson.dumps(r) + b"\n" for r in self.rows())
         digest = hashlib.sha1(data).hexdigest()[:12]
-        folder = Path(tempfile.gettempdir()) / "libra-verifiers"
-        folder.mkdir(exist_ok=True)
+        folder = user_cache("verifiers-tasks")
+        folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{self.taskset_id.replace('/', '_')}-{digest}.jsonl"
         if not path.exists():
             tmp = path.with_suffix(f".{os.getpid()}.tmp")

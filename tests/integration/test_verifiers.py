@@ -81,6 +81,20 @@ def test_verifiers_envs_run_under_libra_rollout(tmp_path: Path, spawn_fake) -> N
     assert "not a task of verifiers taskset 'vf_chat'" in by_task["nope"]["error"]
 
 
+def test_a_tasksets_task_list_is_kept_in_the_users_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`default_tasks()` writes the taskset's ids to the user's cache folder, not to a
+    folder of the shared temp folder that another user could make first (and fill)."""
+    from libra.rollout.run import load_env
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.syspath_prepend(str(ENVS))
+    path = load_env("verifiers:vf_chat", {}).default_tasks()
+    assert path.parent == tmp_path / "libra" / "verifiers-tasks"
+    assert [json.loads(x)["id"] for x in path.read_text().splitlines()][:2] == ["chat-0", "chat-1"]
+
+
 def test_a_bad_verifiers_spec_is_one_clear_error() -> None:
     from libra.rollout.run import load_env
 
