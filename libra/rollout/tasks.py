@@ -41,17 +41,26 @@ def load_tasks(path: str | Path, limit: int = 0) -> list[dict[str, Any]]:
     return tasks
 
 
-def unique_ids(tasks: Sequence[dict[str, Any]], source: str) -> None:
-    """Raises `ConfigError` naming the first task whose id an earlier one has (their
-    episodes would share ids and a group). Run again once verl / TRL rows are mapped
-    (`libra.rollout.layouts.adapt_tasks`): a mapped row's id can be another row's."""
+def repeated_id(tasks: Sequence[dict[str, Any]]) -> tuple[int, int, str] | None:
+    """(index, index of the earlier task, id) of the first task whose id an earlier one
+    has (their episodes would share ids and a group), or None."""
     seen: dict[str, int] = {}
-    for i, t in enumerate(tasks, 1):
+    for i, t in enumerate(tasks):
         tid = task_id(t)
         if tid in seen:
-            raise ConfigError(f"{source}: task {i} repeats the id {tid!r} of task "
-                              f"{seen[tid]}; task ids must be unique")  # fmt: skip
+            return i, seen[tid], tid
         seen[tid] = i
+    return None
+
+
+def unique_ids(tasks: Sequence[dict[str, Any]], source: str) -> None:
+    """Raises `ConfigError` naming the first task whose id an earlier one has. Run again
+    once verl / TRL rows are mapped (`libra.rollout.layouts.adapt_tasks`): a mapped row's
+    id can be another row's."""
+    if (twin := repeated_id(tasks)) is not None:
+        i, first, tid = twin
+        raise ConfigError(f"{source}: task {i + 1} repeats the id {tid!r} of task "
+                          f"{first + 1}; task ids must be unique")  # fmt: skip
 
 
 def given_tasks(tasks: Any, source: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from libra.endpoints.config import SamplingConfig
 from libra.record import Trajectory
 from libra.rollout.batch import Runner
 from libra.rollout.episode import EpisodeSpec, check_prompt
-from libra.rollout.tasks import episode_specs, task_id
+from libra.rollout.tasks import episode_specs, repeated_id, task_id
 from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError
 from libra.service.spool import Spool
@@ -104,21 +104,18 @@ def specs_for(doc: dict[str, Any]) -> list[EpisodeSpec]:
 def check_tasks(tasks: list[dict[str, Any]], prompt: Any) -> None:
     """Unique task ids; every task renders a prompt (else 400 naming the task); `prompt`
     None: the env writes its own prompts (an agent function)."""
-    seen: dict[str, int] = {}
     for i, task in enumerate(tasks):
-        tid = task_id(task)
-        if len(tid) > MAX_TASK_ID:
+        if len(tid := task_id(task)) > MAX_TASK_ID:
             raise RequestError(
                 400, f"tasks[{i}]: an id of {len(tid):,} characters; ids name every episode "
                 f"and record of the task (three times each): give at most {MAX_TASK_ID}",
             )  # fmt: skip
-        if tid in seen:
-            raise RequestError(
-                400, f"tasks[{i}] repeats the id {tid!r} of tasks[{seen[tid]}]; ids must be unique"
-            )
-        seen[tid] = i
-        if prompt is None:
-            continue
+    if (twin := repeated_id(tasks)) is not None:
+        i, first, tid = twin
+        raise RequestError(
+            400, f"tasks[{i}] repeats the id {tid!r} of tasks[{first}]; ids must be unique"
+        )
+    for i, task in enumerate(tasks if prompt is not None else ()):
         try:
             check_prompt(prompt(task))
         except BaseException as e:  # the env's code, in a worker thread: even SystemExit
