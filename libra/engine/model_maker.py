@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from libra.cachedir import user_cache
 from libra.engine.tokenizer_maker import SPECIAL_TOKENS, TAG_TOKENS, train_tokenizer
 from libra.errors import ConfigError
+from libra.paths import holds_working_folder, user_cache
 
 # Bump when the folder's contents change, so a cached default model is remade.
 MAKER_VERSION = 2
@@ -146,8 +146,7 @@ def check_replaceable(path: Path) -> None:
     """A `ConfigError` unless `--force` may replace the existing `path` (resolved): a
     file, or a model folder (it has a `config.json`), never the working folder or one
     above it (a home, `/`: `--force` replaced whatever it named)."""
-    here = Path.cwd().resolve()
-    if path == here or path in here.parents:
+    if holds_working_folder(path):
         raise ConfigError(f"{path} is the working folder or holds it; pick a new folder")
     if path.is_dir() and not (path / "config.json").is_file():
         names = ", ".join(sorted(p.name for p in path.iterdir())[:4])

@@ -51,9 +51,9 @@ from typing import Any
 
 import orjson
 
-from libra.cachedir import user_cache
 from libra.env import Env
 from libra.errors import ConfigError, LibraError
+from libra.paths import user_cache
 from libra.proxy.agent import AgentEnv
 from libra.proxy.server import MODEL_NAME
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.errors import ConfigError
+from libra.paths import holds_working_folder
 from libra.train.config import TrainConfig
 from libra.train.planning import SwitchCosts
 
@@ -119,9 +120,7 @@ def is_run(out: Path) -> bool:
 def _check_replaceable(out: Path, why: str) -> None:
     """A `ConfigError` unless `out` is a run's folder that may be deleted: never a folder
     that is not a run (a model, a home), nor the working folder or one above it."""
-    here = Path.cwd().resolve()
-    target = out.resolve()
-    if target == here or target in here.parents:
+    if holds_working_folder(out):
         raise ConfigError(f"out {str(out)!r} is the working folder or holds it; set another out")
     if not is_run(out):
         names = ", ".join(sorted(p.name for p in out.iterdir())[:4])
