@@ -208,7 +208,7 @@ class BwrapBackend(Backend):
     async def start(self) -> None:
         if why := self.available():
             raise SandboxError(f"bubblewrap backend unavailable: {why}")
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(owner.private_folder, self.state_dir)
         await asyncio.to_thread(self.reap)
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_loop(), name="libra-bwrap-reaper")
@@ -222,6 +222,8 @@ class BwrapBackend(Backend):
         """Remove sandboxes whose owner died or whose time to live passed."""
         reaped = []
         for state in self.state_dir.glob("lb-*"):
+            if not owner.own_entry(state):
+                continue  # never follow a link out of the state folder
             try:
                 labels = json.loads((state / "owner.json").read_text())
             except (OSError, ValueError):
@@ -252,7 +254,8 @@ class BwrapBackend(Backend):
 
     def _prepare(self, sid: str, spec: SandboxSpec, state: Path) -> cgroups.Cgroup | None:
         fs = state / "fs"
-        fs.mkdir(parents=True)
+        state.mkdir(mode=0o700)
+        fs.mkdir()
         (state / "merged").mkdir()
         (state / "lower").mkdir()  # the rootfs, bound there at each exec
         if os.geteuid() == 0:

@@ -105,17 +105,20 @@ def release(folder: Path) -> None:
 
 
 def claim(backend_dir: Path) -> None:
-    """A backend's own folder, with its owner for `reap_stale`."""
-    backend_dir.mkdir(parents=True, exist_ok=True)
+    """A backend's own folder, with its owner for `reap_stale`, in the private state
+    root (`owner.private_folder`)."""
+    owner.private_folder(backend_dir.parent)
+    backend_dir.mkdir(mode=0o700, exist_ok=True)
     (backend_dir / "owner.json").write_text(json.dumps(owner.current().labels()))
 
 
 def release_all(backend_dir: Path) -> None:
-    """Release every sandbox folder of a backend, then its own (blocking)."""
-    if not backend_dir.is_dir():
+    """Release every sandbox folder of a backend, then its own (blocking); a link or an
+    entry of another user is left alone (never followed out of the state root)."""
+    if not owner.own_entry(backend_dir):
         return
     for folder in backend_dir.iterdir():
-        if folder.is_dir():
+        if owner.own_entry(folder):
             release(folder)
     shutil.rmtree(backend_dir, ignore_errors=True)
 
@@ -124,7 +127,10 @@ def reap_stale(root: Path) -> None:
     """Release the folders of backends whose owner died (blocking)."""
     if not root.is_dir():
         return
+    owner.private_folder(root)
     for backend_dir in root.iterdir():
+        if not owner.own_entry(backend_dir):
+            continue
         try:
             labels = json.loads((backend_dir / "owner.json").read_text())
         except (OSError, ValueError):

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
+
+from libra.errors import SandboxError
 
 
 def _start_ticks(pid: int) -> str:
@@ -66,4 +70,37 @@ def should_reap(labels: dict[str, str], now: float | None = None) -> bool:
     return owner is not None and not owner.alive()
 
 
-__all__ = ["Owner", "current", "should_reap"]
+def private_folder(path: Path) -> Path:
+    """`path` as a folder only this user can enter (made 0700 if missing): the state
+    root of a backend is a fixed name in a shared place (/dev/shm), and a folder another
+    user made there first let them swap a sandbox's folder for a link, which the
+    reaper then emptied or a mount went over. A link, or a folder of another user, is
+    refused; one of ours with wider permissions (an older Libra's) is narrowed."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise SandboxError(f"sandbox state folder {path}: {e}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        what = "a link" if stat.S_ISLNK(st.st_mode) else f"owned by uid {st.st_uid}"
+        raise SandboxError(
+            f"sandbox state folder {path} is {what}, not a folder of this user (uid "
+            f"{os.geteuid()}): another user may have made it to take over the sandboxes' "
+            "state; remove it, or set LIBRA_DOCKER_STATE / LIBRA_BWRAP_STATE to a folder of yours"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def own_entry(path: Path) -> bool:
+    """Whether `path`, an entry of a private state folder, is a real folder of this user
+    (never follow a link out of the state folder)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+__all__ = ["Owner", "current", "own_entry", "private_folder", "should_reap"]
