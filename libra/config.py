@@ -33,6 +33,12 @@ class Config(BaseModel):
         extra="forbid", use_attribute_docstrings=True, validate_assignment=True
     )
 
+    def public(self) -> dict[str, Any]:
+        """The config as JSON data with its secrets (`SECRETS`) replaced by a mark: what
+        may be written to a run folder (world-readable under the usual umask) or sent to
+        a tracker."""
+        return _redact(self.model_dump(mode="json"))
+
     @field_validator("*", mode="before")
     @classmethod
     def _strict_scalar(cls, v: Any, info: ValidationInfo) -> Any:
@@ -49,6 +55,29 @@ class Config(BaseModel):
                 "strict_number", 'expected a number, not a string (write 4, not "4")'
             )
         return v
+
+
+SECRETS = frozenset({"api_key"})
+"""Config keys whose values are secrets (at any depth)."""
+REDACTED = "<set; not saved>"
+
+
+def _redact(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: (REDACTED if k in SECRETS and v is not None else _redact(v))
+                for k, v in data.items()}  # fmt: skip
+    if isinstance(data, list):
+        return [_redact(v) for v in data]
+    return data
+
+
+def without_secrets(data: Any) -> Any:
+    """`data` (a config as JSON data) with every secret key left out."""
+    if isinstance(data, dict):
+        return {k: without_secrets(v) for k, v in data.items() if k not in SECRETS}
+    if isinstance(data, list):
+        return [without_secrets(v) for v in data]
+    return data
 
 
 @functools.cache
@@ -134,4 +163,13 @@ def load(
     return build(cls, data, str(path) if path is not None else "")
 
 
-__all__ = ["Config", "build", "format_validation_error", "load", "read_toml", "set_dotted"]
+__all__ = [
+    "SECRETS",
+    "Config",
+    "build",
+    "format_validation_error",
+    "load",
+    "read_toml",
+    "set_dotted",
+    "without_secrets",
+]

@@ -64,7 +64,7 @@ async def train(cfg: TrainConfig, *, fresh: bool = False) -> dict[str, Any]:
     if state is not None and int(state["version"]) >= cfg.steps:
         return _already_done(cfg, out, int(state["version"]))
     report = Report(out, tensorboard=cfg.report.tensorboard,
-                    wandb=cfg.model_dump(mode="json") if cfg.report.wandb else None)  # fmt: skip
+                    wandb=cfg.public() if cfg.report.wandb else None)  # fmt: skip
     display = Display(cfg.report.display)
     view = View(env=cfg.data.env, steps=cfg.steps)
     task = asyncio.current_task()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libra.config import without_secrets
 from libra.errors import ConfigError
 from libra.paths import holds_working_folder
 from libra.train.config import TrainConfig
@@ -85,8 +86,9 @@ def read_state(out: Path) -> dict[str, Any] | None:
 
 
 def _comparable(cfg: dict[str, Any]) -> dict[str, Any]:
-    """`cfg` less the keys a resume may change (dotted: a key inside a section)."""
-    out = {k: v for k, v in cfg.items() if k not in RESUME_FREE}
+    """`cfg` less the keys a resume may change (dotted: a key inside a section) and its
+    secrets (not saved: `Config.public`)."""
+    out = {k: v for k, v in without_secrets(cfg).items() if k not in RESUME_FREE}
     for key in RESUME_FREE:
         section, _, name = key.partition(".")
         if name and isinstance(out.get(section), dict):
@@ -158,7 +160,7 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
         except OSError as e:
             raise ConfigError(f"out {str(out)!r} cannot be made ({e.strerror or e}); "
                               "name a folder this user can write") from None  # fmt: skip
-        write_json(out / "config.json", cfg.model_dump(mode="json"))
+        write_json(out / "config.json", cfg.public())
         return out, None
     try:
         saved_doc = json.loads((out / "config.json").read_text())
@@ -166,7 +168,7 @@ def prepare_out(cfg: TrainConfig, *, fresh: bool) -> tuple[Path, dict[str, Any] 
         raise ConfigError(f"{out} holds a state.json but its config.json cannot be "
                           f"read ({e}); set another out") from None  # fmt: skip
     saved = _comparable(_as_now(type(cfg), saved_doc))
-    mine = cfg.model_dump(mode="json")
+    mine = cfg.public()
     if saved != _comparable(mine):
         now = _comparable(mine)
         diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))

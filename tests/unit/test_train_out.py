@@ -87,3 +87,23 @@ def test_a_link_or_a_damaged_state_is_one_error_not_a_traceback(tmp_path: Path) 
     (run / "config.json").unlink()
     with pytest.raises(ConfigError, match="holds a state.json but its config.json cannot be"):
         prepare_out(config(run), fresh=False)
+
+
+def test_an_endpoint_api_key_is_not_written_to_the_run_and_may_change_on_resume(
+    tmp_path: Path,
+) -> None:
+    """The run folder's config.json (world-readable under the usual umask) and the
+    tracker's copy (`Config.public`) hold a mark, not the key; a resume with another
+    key (a rotated one) is the same run."""
+    run = tmp_path / "run"
+    cfg = load_config(CONFIG, {"out": str(run), "rollout.endpoint.api_key": "sk-SECRET-123"})
+    prepare_out(cfg, fresh=False)
+    assert "sk-SECRET" not in (run / "config.json").read_text()
+    assert "sk-SECRET" not in str(cfg.public())
+    assert cfg.public()["rollout"]["endpoint"]["api_key"] == "<set; not saved>"
+    assert cfg.rollout.endpoint.api_key == "sk-SECRET-123"  # what the pool sends
+    write_json(run / "state.json", {"version": 1, "stream": 0, "loop": {}})
+    for key in ("sk-ROTATED", None):
+        again = load_config(CONFIG, {"out": str(run), "rollout.endpoint.api_key": key})
+        _, state = prepare_out(again, fresh=False)
+        assert state is not None and state["version"] == 1
