@@ -23,7 +23,7 @@ class ApiError(Exception):
         self.status, self.message, self.param = status, message, param
 
     def body(self) -> dict[str, Any]:
-        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(
+        kind = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError"}.get(
             self.status, "InternalServerError"
         )
         return {

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from libra.auth import is_loopback, page_refusal
 from libra.chat import ChatTokenizer
 from libra.engine import protocol, responses
 from libra.engine.core import Choice, EngineCore, Request
@@ -192,8 +193,28 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def build_app(engine: EmbeddedEngine) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=64 << 20)
+def _pages(loopback: bool) -> Any:
+    """Refuse what a web page may send (`libra.auth.page_refusal`): the engine has no
+    token, and `/v1/load_weights` swaps the served weights for any folder it can read.
+    `loopback`: it is bound to a loopback address, so a request for another host name
+    is a page that rebound its name."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        refused = page_refusal(request.headers.get("Origin"), request.headers.get("Host"),
+                               loopback_only=loopback)  # fmt: skip
+        if refused is not None:
+            return _json(protocol.ApiError(403, refused).body(), 403)
+        return await handler(request)
+
+    return check
+
+
+def build_app(engine: EmbeddedEngine, host: str = "127.0.0.1") -> web.Application:
+    """`host`: the address it will be bound to."""
+    app = web.Application(
+        middlewares=[_errors, _pages(is_loopback(host))], client_max_size=64 << 20
+    )
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -323,7 +344,7 @@ def build_app(engine: EmbeddedEngine) -> web.Application:
 async def serve(engine: EmbeddedEngine, host: str, port: int, ready: Any = None) -> None:
     """Serve until cancelled; `ready(port)` is called once the socket listens."""
     engine.core.start()
-    runner = web.AppRunner(build_app(engine), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(engine, host), handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

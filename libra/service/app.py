@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import orjson
 from aiohttp import web
 
-from libra.auth import bearer_matches, is_loopback
+from libra.auth import bearer_matches, is_loopback, page_refusal
 from libra.config import Config
 from libra.endpoints.pool import EndpointPool
 from libra.rollout.supervise import EngineWatch
@@ -65,30 +65,14 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return resp
 
 
-def _same_host(origin: str, host: str) -> bool:
-    """Whether a browser's `Origin` names the host (and port) the request was sent to
-    on a loopback name: a page served by the service's own address, not a rebound one."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(origin)
-        named = parts.netloc
-    except ValueError:
-        return False
-    return bool(named) and named == host and is_loopback(parts.hostname or "")
-
-
 def auth_middleware(token: str | None) -> Any:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        origin = request.headers.get("Origin")
-        if origin is not None and not _same_host(origin, request.host):
-            # A browser sends Origin with a cross-site request, and a plain POST (a form,
-            # text/plain) needs no preflight: any web page the operator opened could
-            # submit batches to a loopback service without a token. Programs (the
-            # client, curl, a trainer) send no Origin.
-            return _error(403, f"cross-site request from {origin[:100]!r} refused: call "
-                               "the service from a program, not from a web page")  # fmt: skip
+        # Without a token the service binds loopback only (`ServiceConfig`).
+        refused = page_refusal(request.headers.get("Origin"), request.headers.get("Host"),
+                               loopback_only=not token)  # fmt: skip
+        if refused is not None:
+            return _error(403, refused)
         if token and request.path != "/healthz":
             header = request.headers.get("Authorization", "")
             if not bearer_matches(header, token):

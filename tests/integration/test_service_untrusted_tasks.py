@@ -114,6 +114,17 @@ async def test_hostile_fields_are_400s_and_a_resubmit_matches_what_the_batch_run
                     assert r.status == 403 and "cross-site request" in doc["error"], doc
             async with s.get(base + "/v1/rollouts/csrf") as r:
                 assert r.status == 404  # nothing was created
+            # A page that rebinds its own name to 127.0.0.1 (DNS rebinding) sends no
+            # Origin (same-origin) but its own name as Host: /metrics would list the
+            # batch ids, and their records would follow.
+            port = base.rsplit(":", 1)[1]
+            for path in ("/metrics", "/v1/rollouts/csrf"):
+                async with s.get(base + path, headers={"Host": f"rebind.test:{port}"}) as r:
+                    doc = orjson.loads(await r.read())
+                    assert r.status == 403 and "loopback name" in doc["error"], doc
+            for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+                async with s.get(base + "/metrics", headers={"Host": host}) as r:
+                    assert r.status == 200
         # The service runs turns of 16 tokens: a body naming 16 is the same batch, one
         # naming 512 is not.
         body = {"env": "arith", "tasks": [task], "batch_id": "same"}

@@ -172,7 +172,8 @@ async def test_the_fleet_replaces_an_engine_a_publication_lost(
 
 async def test_the_engine_refuses_a_malformed_update_in_one_line(tiny_model: Path) -> None:
     """The weight-transfer routes validate what they are sent: an unknown dtype, a bad
-    shape, phases out of order are 400s naming the problem; the engine keeps serving."""
+    shape, phases out of order are 400s naming the problem; what a web page sends is a
+    403; the engine keeps serving."""
     with serve_engine_process(tiny_model) as (a, _):
         async with aiohttp.ClientSession() as s:
 
@@ -193,4 +194,14 @@ async def test_the_engine_refuses_a_malformed_update_in_one_line(tiny_model: Pat
             assert code == 400 and "non-negative" in text
             code, text = await post("/init_weight_transfer_engine", {"init_info": {}})
             assert code == 400 and "master_address" in text
+            # The engine has no token: a web page (an Origin), or one that rebound its
+            # own name to 127.0.0.1 (its Host), must not swap the served weights.
+            port = a.rsplit(":", 1)[1]
+            for headers, says in (
+                ({"Origin": "http://attacker.example"}, "cross-site request"),
+                ({"Host": f"rebind.test:{port}"}, "loopback name"),
+            ):
+                async with s.post(f"{a}/v1/load_weights", json={"path": str(tiny_model)},
+                                  headers=headers) as r:  # fmt: skip
+                    assert r.status == 403 and says in await r.text()
         assert await greedy(a, str(tiny_model))
