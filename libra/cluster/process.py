@@ -129,16 +129,80 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise OSError(f"no free TCP port on {host}")
 
 
+class PortTaken(EndpointError):
+    """What answered a child's URL is another process's listener, not the child's."""
+
+
+def _listeners(port: int) -> set[int] | None:
+    """Socket inodes listening on TCP `port` in this network namespace (None: Linux's
+    tables cannot be read here, so nobody can tell)."""
+    out: set[int] | None = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        out = out or set()
+        for line in lines:
+            f = line.split()  # local address "HEXIP:HEXPORT", state 0A = LISTEN, inode
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rpartition(":")[2], 16) == port:
+                out.add(int(f[9]))
+    return out
+
+
+def _session_holds(session: int, inodes: set[int]) -> bool | None:
+    """Whether a process of `session` holds one of the sockets `inodes` (None: none of
+    its processes' descriptors could be read, so nobody can tell)."""
+    seen = False
+    for proc in Path("/proc").iterdir():
+        if not (proc.name.isascii() and proc.name.isdigit()):
+            continue
+        try:
+            if int((proc / "stat").read_text().rpartition(")")[2].split()[3]) != session:
+                continue
+            fds = list((proc / "fd").iterdir())
+            seen = True
+            for fd in fds:
+                link = os.readlink(fd)
+                if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+                    return True
+        except (OSError, ValueError, IndexError):  # gone, or not ours to read
+            continue
+    return False if seen else None
+
+
+def check_listener(child: Child) -> None:
+    """Raise `PortTaken` unless the socket listening on the child's port is the child's
+    (a process of its session). A port is free only when it is checked: another local
+    user who binds it first, having read the port from the child's command line, answers
+    `/health` and then receives every prompt (and could send any completion back)."""
+    from urllib.parse import urlsplit
+
+    port = urlsplit(child.url).port
+    inodes = _listeners(port) if port else None
+    held = _session_holds(child.pid, inodes) if inodes else None  # None: nobody can tell
+    if held is False or child.returncode is not None:  # (an exited child answers nothing)
+        raise PortTaken(
+            f"{child.name}: port {port} is answered by another process than the one "
+            "started (something else bound it first)"
+        )
+
+
 async def spawn_listening(
     start: Callable[[int], Child], timeout_s: float, host: str = "127.0.0.1"
 ) -> Child:
     """`start(port)` on a free port, then `wait_healthy`. A port is only free when it is
-    checked: a child that exits saying its address is in use (another process bound the
-    port first) is started again on another, `BIND_TRIES` times in all."""
+    checked: a child that exits saying its address is in use, or whose port another
+    process answers (`check_listener`), is started again on another, `BIND_TRIES` times
+    in all."""
     for attempt in range(1, BIND_TRIES + 1):
         child = start(free_port(host))
         try:
             await wait_healthy(child, timeout_s)
+        except PortTaken:
+            if attempt == BIND_TRIES:
+                raise
+            continue
         except EndpointError:
             in_use = "address already in use" in child.log_tail(lines=20, chars=4000).lower()
             if child.returncode is None or not in_use or attempt == BIND_TRIES:
@@ -193,6 +257,7 @@ async def wait_healthy(child: Child, timeout_s: float) -> None:
                     timeout = aiohttp.ClientTimeout(total=2)
                     async with session.get(f"{child.url}/health", timeout=timeout) as r:
                         if r.status == 200:
+                            check_listener(child)
                             child.start_s = time.monotonic() - t0
                             return
                 await asyncio.sleep(0.2)
@@ -221,6 +286,10 @@ def wait_healthy_blocking(child: Child, timeout_s: float) -> bool:
         if child.returncode is not None:
             return False
         if healthy(child.url):
+            try:
+                check_listener(child)
+            except PortTaken:
+                return False
             child.start_s = time.monotonic() - t0
             return True
         time.sleep(1.0)
@@ -270,6 +339,8 @@ def stop_blocking(children: Sequence[Child], grace_s: float = 30.0) -> None:
 
 __all__ = [
     "Child",
+    "PortTaken",
+    "check_listener",
     "die_with_parent",
     "free_port",
     "healthy",

@@ -81,3 +81,42 @@ def test_free_ports_come_from_below_the_ephemeral_range() -> None:
     if low > 21000:
         assert all(20000 <= p < low for p in ports)
     assert len(ports) > 1
+
+
+def test_a_port_another_process_answers_is_never_taken_for_the_childs(tmp_path: Path) -> None:
+    """Another local user who binds the child's port first (it is on the child's command
+    line) and answers `/health` would receive every prompt; the listener is checked to be
+    the child's (a process of its session), and the child started again elsewhere."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    squatter = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    taken = squatter.server_address[1]
+    ports: list[int] = []
+
+    def start(port: int) -> process.Child:
+        ports.append(taken if not ports else port)
+        slow = f"import time; time.sleep(2)\n{SERVER}"  # the squatter answers first
+        return process.spawn("server", [sys.executable, "-c", slow, str(ports[-1])],
+                             log_path=tmp_path / "server.log",
+                             url=f"http://127.0.0.1:{ports[-1]}")  # fmt: skip
+
+    try:
+        child = asyncio.run(process.spawn_listening(start, 30))
+        try:
+            assert len(ports) == 2 and child.url.endswith(f":{ports[1]}") and ports[1] != taken
+            process.check_listener(child)  # its own
+        finally:
+            process.kill(child)
+    finally:
+        squatter.shutdown()
+        squatter.server_close()
