@@ -18,8 +18,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -167,6 +168,20 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _json(protocol.ApiError(500, f"internal error: {e}").body(), 500)
 
 
+T = TypeVar("T")
+OFFLOAD_BYTES = 64 << 10
+"""A request body past this is parsed, rendered and tokenized in a worker thread: on
+the event loop a 1 MB prompt held every request of the engine (`/health` included) for
+1-1.5 s; below it a thread costs more than the work."""
+
+
+async def _off(raw: bytes, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`: in a worker thread when the body `raw` is large, else here."""
+    if len(raw) > OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
@@ -252,9 +267,10 @@ def build_app(engine: EmbeddedEngine, host: str = "127.0.0.1") -> web.Applicatio
         return web.Response(text=text, content_type="text/plain")
 
     async def completions(request: web.Request) -> web.Response:
-        body = protocol.parse_json(await request.read())
+        raw = await request.read()
+        body = await _off(raw, protocol.parse_json, raw)
         protocol.check_model(body, engine.limits)
-        batch = protocol.prompts(body, engine.encode, engine.limits)
+        batch = await _off(raw, protocol.prompts, body, engine.encode, engine.limits)
         params = [
             protocol.sampling(body, len(p), engine.limits, default_max=16, chat=False)
             for p in batch
@@ -271,7 +287,8 @@ def build_app(engine: EmbeddedEngine, host: str = "127.0.0.1") -> web.Applicatio
         )
 
     async def chat_completions(request: web.Request) -> web.Response:
-        body = protocol.parse_json(await request.read())
+        raw = await request.read()
+        body = await _off(raw, protocol.parse_json, raw)
         protocol.check_model(body, engine.limits)
         messages = _messages(body)
         tools = body.get("tools") or None
@@ -283,10 +300,14 @@ def build_app(engine: EmbeddedEngine, host: str = "127.0.0.1") -> web.Applicatio
                 "tool_choice",
             )
         gen_prompt = bool(body.get("add_generation_prompt", True))
-        prompt = engine.encode(
-            engine.chat.render(messages, tools, add_generation_prompt=gen_prompt)
-        )
-        protocol.check_prompt(prompt, engine.limits)
+
+        def tokens() -> list[int]:
+            text = engine.chat.render(messages, tools, add_generation_prompt=gen_prompt)
+            ids = engine.encode(text)
+            protocol.check_prompt(ids, engine.limits)
+            return ids
+
+        prompt = await _off(raw, tokens)
         params = protocol.sampling(body, len(prompt), engine.limits, default_max=None, chat=True)
         parse_tools = bool(tools) and choice == "auto"
         if parse_tools:  # as vLLM's Hermes parser: tool-call tags must reach the parser

@@ -116,3 +116,52 @@ def test_a_broken_config_json_is_one_line(tmp_path: Path, tiny_model: Path) -> N
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
+
+
+async def test_a_large_prompt_is_tokenized_off_the_event_loop(tiny_model: Path) -> None:
+    """A 1 MB prompt held every request of the engine (`/health` included) for 1-1.5 s
+    while it was rendered and tokenized on the event loop. Here the tokenizer waits until
+    `/health` has been answered meanwhile: on the loop it would wait for ever."""
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from libra.engine.server import EmbeddedEngine, build_app
+
+    engine = EmbeddedEngine(tiny_model)
+    engine.core.start()
+    encoding, answered = threading.Event(), threading.Event()
+    encode = engine.encode
+
+    def waiting_encode(text: str) -> list[int]:
+        if len(text) > 100_000:
+            encoding.set()
+            if not answered.wait(timeout=20):
+                raise AssertionError("/health was not answered while a prompt was tokenized")
+        return encode(text)
+
+    engine.encode = waiting_encode  # type: ignore[method-assign]
+    server = TestServer(build_app(engine))
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as s:
+            big = "word " * 250_000  # 1.25 MB: longer than the context, refused after
+            for route, body in (
+                ("/v1/completions", {"prompt": big, "max_tokens": 1}),
+                ("/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": big}], "max_tokens": 1}),
+            ):  # fmt: skip
+                encoding.clear()
+                answered.clear()
+                post = asyncio.create_task(s.post(server.make_url(route), json=body))
+                assert await asyncio.to_thread(encoding.wait, 20)
+                async with s.get(server.make_url("/health")) as r:
+                    assert r.status == 200
+                answered.set()
+                async with await post as r:
+                    assert r.status == 400 and "maximum context length" in await r.text()
+    finally:
+        await server.close()
+        await asyncio.to_thread(engine.core.stop)
