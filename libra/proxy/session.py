@@ -191,12 +191,13 @@ class Session:
             self._fits(least, "the new messages", at_least=True)
             closed = self.closed_turn
 
-            def encode(tok: ChatTokenizer) -> tuple[list[int], list[int]]:
+            def encode(tok: ChatTokenizer) -> tuple[list[ToolReturn], list[int]]:
+                # the returns too: a tool message's status may read it whole as JSON
                 payloads = [len(tok.encode(msgs[i]["content"])) for i in idx]
-                return payloads, tok.delta_ids(new, tools, model_closed_turn=closed)
+                returns = self._returns(req, msgs, idx, payloads)
+                return returns, tok.delta_ids(new, tools, model_closed_turn=closed)
 
-            payloads, delta = await self.sh.offload.run(size, encode)
-            returns = self._returns(req, msgs, idx, payloads)
+            returns, delta = await self.sh.offload.run(size, encode)
             self._fits(len(seg.context) + len(delta), "the new messages")
             seg.append(delta, None, model=False)
             self.turns[-1].tool_tokens += len(delta)
@@ -211,12 +212,12 @@ class Session:
         size = text_size(rendered)
         self._fits(self.sh.tok.min_tokens(size), what, at_least=True)
 
-        def render(tok: ChatTokenizer) -> tuple[list[int], list[int]]:
+        def render(tok: ChatTokenizer) -> tuple[list[ToolReturn], list[int]]:
             payloads = [len(tok.encode(msgs[i]["content"])) for i in answered]
-            return payloads, tok.prompt_ids(rendered, tools)
+            returns = self._returns(req, msgs, answered, payloads)
+            return returns, tok.prompt_ids(rendered, tools)
 
-        payloads, ids = await self.sh.offload.run(size, render)
-        returns = self._returns(req, msgs, answered, payloads)
+        returns, ids = await self.sh.offload.run(size, render)
         self._fits(len(ids), what)
         if not self.segments:
             self.segments.append(Seg(0, "", ids, list(ids)))
