@@ -42,7 +42,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("config", nargs="?", help="TOML config (flags override its keys)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, help="TCP port (default 8700; 0 = any free port)")
-    p.add_argument("--token", help="bearer token for every call but /healthz (or $LIBRA_TOKEN)")
+    p.add_argument(
+        "--token",
+        help="bearer token for every call but /healthz; prefer $LIBRA_TOKEN, since a "
+        "command line is visible to every user of the machine (ps)",
+    )
     p.add_argument(
         "--env",
         action="append",
