@@ -82,7 +82,9 @@ def private_folder(path: Path) -> Path:
     except OSError as e:
         raise SandboxError(f"sandbox state folder {path}: {e}") from None
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        what = "a link" if stat.S_ISLNK(st.st_mode) else f"owned by uid {st.st_uid}"
+        what = ("a link" if stat.S_ISLNK(st.st_mode)
+                else "not a folder" if not stat.S_ISDIR(st.st_mode)
+                else f"owned by uid {st.st_uid}")  # fmt: skip
         raise SandboxError(
             f"sandbox state folder {path} is {what}, not a folder of this user (uid "
             f"{os.geteuid()}): another user may have made it to take over the sandboxes' "
