@@ -118,9 +118,9 @@ async def own_task(task: dict[str, Any], offload: Any) -> dict[str, Any]:
     so an env that wrote to `ctx.task` changed what its siblings saw (a tool appending
     to the answer: the group's rewards read `done!`, `done!!`, ...). Copied on a worker
     thread when it is large (its size as JSON; a task JSON cannot hold is copied here).
-    The copy is the task's JSON read back (C code: `deepcopy`, pure Python, took 56 ms
-    a 0.6 MB task with the GIL held, stalling the event loop beside its thread), unless
-    that is not equal to the task (a tuple, a NaN), which `deepcopy` copies then."""
+    The copy is the task's JSON read back, in C (`deepcopy`, pure Python, held the GIL
+    56 ms for a 0.6 MB task, stalling the event loop beside its thread), unless that is
+    not equal to the task (a tuple, a NaN): then `deepcopy` copies it."""
     try:
         data = orjson.dumps(task)
     except TypeError:
