@@ -42,7 +42,8 @@ from libra.proxy.session import Session
 from libra.proxy.turns import Shared
 from libra.record import Trajectory
 from libra.rollout.config import LimitsConfig
-from libra.rollout.episode import EpisodeSpec, own_task
+from libra.rollout.episode import EpisodeSpec
+from libra.rollout.inputs import own_task
 from libra.rollout.offload import offload
 from libra.rollout.reward import BadReward, as_reward
 from libra.routing.base import RoutingPolicy

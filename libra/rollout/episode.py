@@ -21,7 +21,6 @@ being cut to `limits.max_tool_output_bytes` first.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import logging
 import time
@@ -29,8 +28,6 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import orjson
 
 from libra import usercode
 from libra.chat import ChatTokenizer
@@ -41,6 +38,7 @@ from libra.errors import EndpointError
 from libra.record import ENDPOINT_ERROR, Migration, Timings, ToolCall, ToolReturn, Trajectory, Turn
 from libra.rollout.config import LimitsConfig
 from libra.rollout.deadlines import Deadlines
+from libra.rollout.inputs import check_prompt, own_task
 from libra.rollout.offload import offload, text_size
 from libra.rollout.reward import as_reward, plain, score
 from libra.rollout.toolrun import CallOutcome, encode_returns, run_calls
@@ -111,43 +109,6 @@ class _TurnDraft:
                 for t, s, p, lat, i in self.returns
             ],
         )
-
-
-async def own_task(task: dict[str, Any], offload: Any) -> dict[str, Any]:
-    """A copy of `task` for one episode: the episodes of a group share one task object,
-    so an env that wrote to `ctx.task` changed what its siblings saw (a tool appending
-    to the answer: the group's rewards read `done!`, `done!!`, ...). Copied on a worker
-    thread when it is large (its size as JSON; a task JSON cannot hold is copied here).
-    The copy is the task's JSON read back, in C (`deepcopy`, pure Python, held the GIL
-    56 ms for a 0.6 MB task, stalling the event loop beside its thread), unless that is
-    not equal to the task (a tuple, a NaN): then `deepcopy` copies it."""
-    try:
-        data = orjson.dumps(task)
-    except TypeError:
-        return copy.deepcopy(task)
-
-    def copied(_tok: Any) -> dict[str, Any]:
-        out = orjson.loads(data)
-        return out if out == task else copy.deepcopy(task)
-
-    return await offload.run(len(data), copied)
-
-
-def check_prompt(messages: Any) -> None:
-    """`env.prompt`'s value is chat messages (a str, or messages without a `role`,
-    rendered as an empty prompt: the episode ran on no question at all)."""
-    fix = 'return a list of chat messages: [{"role": "user", "content": "..."}]'
-    if not isinstance(messages, list) or not messages:
-        raise TypeError(f"env.prompt returned {_kind(messages)}; {fix}")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise TypeError(f"env.prompt's message {i} is {_kind(m)} without a 'role'; {fix}")
-
-
-def _kind(x: Any) -> str:
-    if isinstance(x, list) and not x:
-        return "an empty list"
-    return f"a {type(x).__name__}"
 
 
 @dataclass(slots=True)

@@ -16,7 +16,8 @@ from libra import usercode
 from libra.endpoints.config import SamplingConfig
 from libra.record import Trajectory
 from libra.rollout.batch import Runner
-from libra.rollout.episode import EpisodeSpec, check_prompt
+from libra.rollout.episode import EpisodeSpec
+from libra.rollout.inputs import check_prompt
 from libra.rollout.tasks import episode_specs, repeated_id, task_id
 from libra.service.config import SubmitRequest
 from libra.service.errors import RequestError

@@ -426,7 +426,7 @@ def _bucket_problem(cfg: TrainConfig) -> list[str]:
 def _prompt_problem(env: Any, task: dict[str, Any]) -> list[str]:
     """[why the env cannot build a prompt from the first training task], or []."""
     from libra import usercode
-    from libra.rollout.episode import check_prompt
+    from libra.rollout.inputs import check_prompt
     from libra.rollout.tasks import task_id
 
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from libra.chat import ChatTokenizer
-from libra.rollout.episode import own_task
+from libra.rollout.inputs import own_task
 from libra.rollout.offload import Offload
 
 
