@@ -107,9 +107,9 @@ class BatchManager:
         """Finished batches on disk, loaded when first asked for."""
         self._slots = asyncio.Semaphore(config.concurrency)
         self._reloading: dict[str, asyncio.Future[Batch]] = {}
+        """Finished batches being read back from the spool, one load each."""
         self._wanted: Counter[str] = Counter()
         """Batches a `hold` waits for (loaded back, or not yet resumed): kept loaded."""
-        """Finished batches being read back from the spool, one load each."""
         self.write_error: str | None = None
         """Why finished records cannot be written to the spool (the disk is full), while
         some wait in memory; None when every record is written."""
